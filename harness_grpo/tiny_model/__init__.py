@@ -1,0 +1,5 @@
+"""The tiny embedded-default model: built deterministically from shipped files."""
+
+from harness_grpo.tiny_model.build import SERVED_MODEL_NAME, build_tiny_model, tiny_model_path
+
+__all__ = ["SERVED_MODEL_NAME", "build_tiny_model", "tiny_model_path"]
