@@ -1,0 +1,282 @@
+"""The dialect interface and the helpers every dialect shares.
+
+A dialect module translates one agent wire format to the engine's OpenAI
+chat-completions contract and back. Each module exposes, at module level:
+
+``NAME: str``
+    The dialect's name (``openai_chat``, ``openai_responses``, ``anthropic_messages``).
+``KEEPALIVE: bytes``
+    One SSE frame the proxy may write while the engine call is in flight; every
+    client of the dialect ignores it.
+``parse_request(body: Any) -> ChatRequest``
+    Validate and translate the decoded JSON body. Raises ``DialectError`` (status
+    400) for a body the dialect rejects; never returns a partial translation.
+``render_response(engine: dict, request: ChatRequest) -> dict``
+    The agent's JSON reply built from one complete engine chat completion.
+``render_stream(engine: dict, request: ChatRequest) -> list[bytes]``
+    The same reply as SSE frames, in order; the text and tool arguments the
+    deltas accumulate to equal ``render_response``'s exactly.
+``render_error(status, message, type=None, *, code=None, param=None) -> dict``
+    The dialect's error body for an HTTP error reply.
+``render_stream_error(status, message, type=None, *, code=None, param=None, request=None) -> bytes``
+    One SSE frame reporting an error after the stream's headers went out.
+
+``engine`` is a vLLM chat completion that the proxy has already checked: it has
+``choices[0].message`` (``content``, optional ``tool_calls`` with string
+``arguments``, optional ``reasoning_content``/``reasoning``),
+``choices[0].finish_reason`` and, normally, ``usage``. Renderers never mutate it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+DELTA_CHARS = 64
+"""Characters per streamed text or argument delta."""
+
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9]")
+
+
+class DialectError(Exception):
+    """A request the dialect rejects; the proxy answers ``status`` with the dialect's error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+@dataclass(slots=True, kw_only=True)
+class ChatRequest:
+    """An agent request translated to the engine's chat-completions shape.
+
+    ``body`` holds ``model``, ``messages`` (OpenAI chat shape: system/user/assistant/tool,
+    string content, assistant ``tool_calls`` with string ``arguments``, optional
+    ``reasoning_content``), ``tools`` in OpenAI function shape, ``tool_choice``,
+    ``parallel_tool_calls`` and every sampling field the agent sent, under its chat
+    name (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``stop``,
+    ``response_format``, ...), so the proxy can enforce its sampling policy on one
+    shape. It never holds ``stream``, ``stream_options``, ``n``, ``logprobs``,
+    ``top_logprobs`` or ``return_token_ids``: the proxy adds its capture fields.
+    Without tools, ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are
+    left out altogether.
+
+    The other fields are what the renderers need to answer in the agent's dialect.
+    """
+
+    dialect: str
+    body: dict[str, Any]
+    model: str
+    stream: bool = False
+    include_usage: bool = False
+    """OpenAI chat: ``stream_options.include_usage`` asked for a usage chunk."""
+    return_logprobs: bool = False
+    """OpenAI chat: the agent asked for ``logprobs``; they are echoed, otherwise stripped."""
+    return_token_ids: bool = False
+    """OpenAI chat: the agent asked for ``return_token_ids``; ids are echoed, otherwise stripped."""
+    tool_kinds: dict[str, str] = field(default_factory=dict)
+    """Responses: tool name -> ``local_shell`` or ``custom`` for tools that are not plain functions."""
+    stop: tuple[str, ...] = ()
+    """Anthropic: the stop sequences, to report ``stop_sequence`` stops."""
+    echo: dict[str, Any] = field(default_factory=dict)
+    """Responses: request fields the response object repeats."""
+
+
+class Dialect(Protocol):
+    """The module-level interface each dialect module implements (see the module docstring)."""
+
+    NAME: str
+    KEEPALIVE: bytes
+
+    def parse_request(self, body: Any) -> ChatRequest: ...
+
+    def render_response(self, engine: dict[str, Any], request: ChatRequest) -> dict[str, Any]: ...
+
+    def render_stream(self, engine: dict[str, Any], request: ChatRequest) -> list[bytes]: ...
+
+    def render_error(
+        self, status: int, message: str, type: str | None = None, *, code: str | None = None, param: str | None = None
+    ) -> dict[str, Any]: ...
+
+    def render_stream_error(
+        self,
+        status: int,
+        message: str,
+        type: str | None = None,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        request: ChatRequest | None = None,
+    ) -> bytes: ...
+
+
+# --- SSE -------------------------------------------------------------------------------------------------------------
+
+SSE_COMMENT_KEEPALIVE = b": keepalive\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_frame(data: dict[str, Any], event: str | None = None) -> bytes:
+    """One SSE frame: optional ``event:`` line, one ``data:`` line of compact JSON, blank line."""
+    payload = orjson.dumps(data)
+    if event is None:
+        return b"data: " + payload + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def chunks(text: str, size: int = DELTA_CHARS) -> list[str]:
+    """``text`` cut into consecutive pieces of at most ``size`` characters; ``[]`` for ``""``."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+# --- engine response access ------------------------------------------------------------------------------------------
+
+
+def engine_choice(engine: dict[str, Any]) -> dict[str, Any]:
+    """The engine's first (only) choice."""
+    return engine["choices"][0]
+
+
+def engine_message(engine: dict[str, Any]) -> dict[str, Any]:
+    """The engine's assistant message."""
+    return engine_choice(engine).get("message") or {}
+
+
+def engine_text(engine: dict[str, Any]) -> str:
+    """The assistant text, ``""`` when the engine sent none."""
+    return engine_message(engine).get("content") or ""
+
+
+def engine_reasoning(engine: dict[str, Any]) -> str:
+    """The reasoning text the engine's reasoning parser split off, ``""`` when none."""
+    message = engine_message(engine)
+    return message.get("reasoning_content") or message.get("reasoning") or ""
+
+
+def engine_tool_calls(engine: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool calls as ``{"id", "name", "arguments"}``; a missing id is derived from the response id."""
+    calls = engine_message(engine).get("tool_calls") or []
+    suffix = id_suffix(engine)
+    out = []
+    for index, call in enumerate(calls):
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = "" if arguments is None else orjson.dumps(arguments).decode()
+        call_id = call.get("id") or f"call_{suffix}_{index}"
+        out.append({"id": call_id, "name": function.get("name") or "", "arguments": arguments})
+    return out
+
+
+def engine_usage(engine: dict[str, Any]) -> tuple[int, int, int]:
+    """``(prompt_tokens, completion_tokens, cached_prompt_tokens)``; counts ids when ``usage`` is missing."""
+    usage = engine.get("usage") or {}
+    prompt = usage.get("prompt_tokens")
+    if prompt is None:
+        prompt = len(engine.get("prompt_token_ids") or ())
+    completion = usage.get("completion_tokens")
+    if completion is None:
+        completion = len(engine_choice(engine).get("token_ids") or ())
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return prompt, completion, cached
+
+
+def engine_created(engine: dict[str, Any]) -> int:
+    """The engine's ``created`` timestamp, or now."""
+    created = engine.get("created")
+    return created if isinstance(created, int) else int(time.time())
+
+
+def id_suffix(engine: dict[str, Any]) -> str:
+    """An alphanumeric suffix derived from the engine's response id, so JSON and SSE renderings share ids."""
+    raw = engine.get("id")
+    suffix = _ID_UNSAFE.sub("", raw.removeprefix("chatcmpl-")) if isinstance(raw, str) else ""
+    return suffix or uuid.uuid4().hex
+
+
+def parse_arguments(arguments: str) -> Any:
+    """Decode a tool call's JSON arguments; ``None`` when they are not valid JSON."""
+    try:
+        return orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+
+
+# --- request translation ---------------------------------------------------------------------------------------------
+
+
+def expect(condition: bool, message: str, param: str | None = None) -> None:
+    """Raise a 400 ``DialectError`` unless ``condition``."""
+    if not condition:
+        raise DialectError(400, message, param)
+
+
+def expect_object(body: Any) -> dict[str, Any]:
+    """``body`` if it is a JSON object, else a 400."""
+    expect(isinstance(body, dict), "request body must be a JSON object")
+    return body
+
+
+def optional_bool(body: dict[str, Any], key: str) -> bool:
+    """``body[key]`` as a bool (absent or null is False); a non-boolean is a 400."""
+    value = body.get(key)
+    expect(value is None or isinstance(value, bool), f"'{key}' must be a boolean", key)
+    return bool(value)
+
+
+def model_name(body: dict[str, Any]) -> str:
+    """The requested model name, ``""`` when absent; a non-string is a 400."""
+    model = body.get("model")
+    expect(model is None or isinstance(model, str), "'model' must be a string", "model")
+    return model or ""
+
+
+def drop_empty_tools(body: dict[str, Any]) -> None:
+    """Without tools, remove ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (vLLM rejects them alone)."""
+    if not body.get("tools"):
+        for key in ("tools", "tool_choice", "parallel_tool_calls"):
+            body.pop(key, None)
+
+
+def join_text_parts(parts: list[Any], text_types: frozenset[str], param: str) -> str:
+    """The ``text`` of every content part joined with newlines; a non-text part is a 400.
+
+    Images, audio and files are refused: the proxy trains on token ids alone.
+    """
+    texts = []
+    for part in parts:
+        expect(isinstance(part, dict), "content parts must be objects", param)
+        kind = part.get("type")
+        if kind not in text_types:
+            raise DialectError(
+                400, f"content part type {kind!r} is not supported: the capture proxy serves text only", param
+            )
+        text = part.get("text")
+        expect(isinstance(text, str), f"content part {kind!r} needs a string 'text'", param)
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def function_tool(name: Any, description: Any, parameters: Any, param: str) -> dict[str, Any]:
+    """An OpenAI chat function tool; validates the name, defaults empty parameters to an empty object schema."""
+    expect(isinstance(name, str) and bool(name), "tool name must be a non-empty string", param)
+    expect(parameters is None or isinstance(parameters, dict), "tool parameters must be a JSON schema object", param)
+    function: dict[str, Any] = {"name": name, "parameters": parameters or {"type": "object", "properties": {}}}
+    if description:
+        expect(isinstance(description, str), "tool description must be a string", param)
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def status_error_type(status: int, table: dict[int, str], default_4xx: str, default_5xx: str) -> str:
+    """The error ``type`` a dialect reports for an HTTP status."""
+    if status in table:
+        return table[status]
+    return default_5xx if status >= 500 else default_4xx

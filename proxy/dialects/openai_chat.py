@@ -1,0 +1,211 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``): opencode, mini-swe-agent, terminus-2.
+
+The engine speaks this dialect, so translation is pass-through with normalisation:
+
+- ``developer`` messages become ``system``; content-part lists of ``text`` parts are
+  joined with newlines (as vLLM does for string templates); any other part
+  (image, audio, file) is a 400.
+- ``max_completion_tokens`` becomes ``max_tokens``; ``n`` other than 1 is a 400.
+- ``stream``, ``stream_options``, ``logprobs``, ``top_logprobs`` and
+  ``return_token_ids`` are lifted out of the body (the proxy sets its own). The
+  reply echoes logprobs only if the agent asked for ``logprobs`` and ids only if it
+  asked for ``return_token_ids`` (LiteLLM/terminus-2 rollout details).
+- Every other field passes through untouched for the proxy's policy to judge.
+
+A stream replays the reply as ``chat.completion.chunk`` frames: a role chunk,
+reasoning and text deltas, per tool call one header chunk (id, name) followed by
+argument deltas, a finish chunk (carrying ``logprobs``/``token_ids`` when asked
+for), a usage chunk when ``stream_options.include_usage`` is set, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.dialects.base import (
+    SSE_COMMENT_KEEPALIVE,
+    SSE_DONE,
+    ChatRequest,
+    chunks,
+    drop_empty_tools,
+    engine_choice,
+    engine_created,
+    engine_message,
+    engine_tool_calls,
+    engine_usage,
+    expect,
+    expect_object,
+    id_suffix,
+    join_text_parts,
+    model_name,
+    optional_bool,
+    sse_frame,
+    status_error_type,
+)
+
+NAME = "openai_chat"
+KEEPALIVE = SSE_COMMENT_KEEPALIVE
+
+_LIFTED = frozenset(
+    {"stream", "stream_options", "n", "logprobs", "top_logprobs", "return_token_ids", "max_completion_tokens"}
+)
+_ENGINE_ONLY = frozenset({"prompt_token_ids", "prompt_logprobs", "kv_transfer_params"})
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_TEXT_PARTS = frozenset({"text"})
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def parse_request(body: Any) -> ChatRequest:
+    """Validate a chat-completions body and normalise it for the engine (see the module docstring)."""
+    body = expect_object(body)
+    model = model_name(body)
+    stream = optional_bool(body, "stream")
+    n = body.get("n")
+    expect(n is None or (type(n) is int and n == 1), "only n=1 is supported", "n")
+    stream_options = body.get("stream_options")
+    expect(stream_options is None or isinstance(stream_options, dict), "'stream_options' must be an object")
+    messages = body.get("messages")
+    expect(isinstance(messages, list) and bool(messages), "'messages' must be a non-empty array", "messages")
+    expect(body.get("tools") is None or isinstance(body["tools"], list), "'tools' must be an array", "tools")
+
+    out = {key: value for key, value in body.items() if key not in _LIFTED}
+    out["messages"] = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
+    max_completion_tokens = body.get("max_completion_tokens")
+    if max_completion_tokens is not None:
+        max_tokens = body.get("max_tokens")
+        expect(
+            max_tokens is None or max_tokens == max_completion_tokens,
+            "'max_tokens' and 'max_completion_tokens' disagree",
+            "max_completion_tokens",
+        )
+        out["max_tokens"] = max_completion_tokens
+    drop_empty_tools(out)
+    return ChatRequest(
+        dialect=NAME,
+        body=out,
+        model=model,
+        stream=stream,
+        include_usage=bool(stream_options and stream_options.get("include_usage")),
+        return_logprobs=optional_bool(body, "logprobs"),
+        return_token_ids=optional_bool(body, "return_token_ids"),
+    )
+
+
+def _message(message: Any, param: str) -> dict[str, Any]:
+    expect(isinstance(message, dict), "each message must be an object", param)
+    role = message.get("role")
+    expect(role in _ROLES, f"unknown message role {role!r}", f"{param}.role")
+    content = message.get("content")
+    if role != "developer" and not isinstance(content, list):
+        expect(content is None or isinstance(content, str), "message content must be a string or an array", param)
+        return message
+    out = dict(message)
+    if role == "developer":
+        out["role"] = "system"
+    if isinstance(content, list):
+        out["content"] = join_text_parts(content, _TEXT_PARTS, f"{param}.content")
+    return out
+
+
+def render_response(engine: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
+    """The engine's completion as the agent sees it: capture-only fields stripped unless the agent asked for them."""
+    out = {key: value for key, value in engine.items() if key not in _ENGINE_ONLY}
+    if request.return_token_ids and "prompt_token_ids" in engine:
+        out["prompt_token_ids"] = engine["prompt_token_ids"]
+    out["model"] = request.model or engine.get("model", "")
+    out["choices"] = [_choice(choice, request) for choice in engine["choices"]]
+    return out
+
+
+def _choice(choice: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
+    out = {key: value for key, value in choice.items() if key != "token_ids" or request.return_token_ids}
+    if not request.return_logprobs:
+        out["logprobs"] = None
+    return out
+
+
+def render_stream(engine: dict[str, Any], request: ChatRequest) -> list[bytes]:
+    """The completion replayed as ``chat.completion.chunk`` SSE frames ending in ``data: [DONE]``."""
+    choice = engine_choice(engine)
+    message = engine_message(engine)
+    head: dict[str, Any] = {
+        "id": engine.get("id") or f"chatcmpl-{id_suffix(engine)}",
+        "object": "chat.completion.chunk",
+        "created": engine_created(engine),
+        "model": request.model or engine.get("model", ""),
+    }
+    if engine.get("system_fingerprint"):
+        head["system_fingerprint"] = engine["system_fingerprint"]
+    tail = {"usage": None} if request.include_usage else {}
+
+    def chunk(delta: dict[str, Any], **choice_fields: Any) -> dict[str, Any]:
+        fields = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, **choice_fields}
+        return {**head, "choices": [fields], **tail}
+
+    def frame(delta: dict[str, Any], **choice_fields: Any) -> bytes:
+        return sse_frame(chunk(delta, **choice_fields))
+
+    first = chunk({"role": "assistant", "content": ""})
+    if request.return_token_ids and "prompt_token_ids" in engine:
+        first["prompt_token_ids"] = engine["prompt_token_ids"]
+    frames = [sse_frame(first)]
+    for key in ("reasoning_content", "reasoning"):
+        frames.extend(frame({key: piece}) for piece in chunks(message.get(key) or ""))
+    frames.extend(frame({"content": piece}) for piece in chunks(message.get("content") or ""))
+    for index, call in enumerate(engine_tool_calls(engine)):
+        function = {"name": call["name"], "arguments": ""}
+        frames.append(
+            frame({"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": function}]})
+        )
+        frames.extend(
+            frame({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+            for piece in chunks(call["arguments"])
+        )
+    finish: dict[str, Any] = {"finish_reason": choice.get("finish_reason")}
+    if request.return_logprobs:
+        finish["logprobs"] = choice.get("logprobs")
+    if request.return_token_ids and "token_ids" in choice:
+        finish["token_ids"] = choice["token_ids"]
+    frames.append(frame({}, **finish))
+    if request.include_usage:
+        usage = engine.get("usage")
+        if usage is None:
+            prompt, completion, _ = engine_usage(engine)
+            usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        frames.append(sse_frame({**head, "choices": [], "usage": usage}))
+    frames.append(SSE_DONE)
+    return frames
+
+
+def render_error(
+    status: int, message: str, type: str | None = None, *, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``; ``type`` defaults from the status."""
+    return {
+        "error": {
+            "message": message,
+            "type": type or status_error_type(status, _ERROR_TYPES, "invalid_request_error", "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def render_stream_error(
+    status: int,
+    message: str,
+    type: str | None = None,
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    request: ChatRequest | None = None,
+) -> bytes:
+    """A ``data: {"error": ...}`` frame, which OpenAI clients raise on mid-stream."""
+    return sse_frame(render_error(status, message, type, code=code, param=param))
