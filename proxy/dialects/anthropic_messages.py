@@ -6,7 +6,9 @@ root (no ``/v1``) is the base URL.
 Request translation:
 
 - ``system`` (a string or a list of text blocks; ``cache_control`` ignored)
-  becomes one system message, blocks joined with newlines.
+  becomes one system message, blocks joined with newlines. A ``system`` entry in
+  ``messages`` after the first (a mid-conversation system message, which
+  claude-code sends) becomes a system message at its place, the same way.
 - User content: ``text`` blocks join into one user message; ``tool_result``
   blocks become ``tool`` messages placed before that user message (OpenAI
   requires tool results right after the assistant's calls). A ``tool_result``'s
@@ -113,7 +115,7 @@ def parse_request(body: Any) -> ChatRequest:
     if system is not None:
         out_messages.append({"role": "system", "content": system})
     for index, message in enumerate(messages):
-        out_messages.extend(_message(message, f"messages[{index}]"))
+        out_messages.extend(_message(message, f"messages[{index}]", first=index == 0))
     out: dict[str, Any] = {"model": model, "messages": out_messages, "max_tokens": max_tokens}
     tools = _tools(body.get("tools"))
     if tools:
@@ -136,11 +138,17 @@ def _system(system: Any) -> str | None:
     return join_text_parts(system, _TEXT_BLOCKS, "system")
 
 
-def _message(message: Any, param: str) -> list[dict[str, Any]]:
+def _message(message: Any, param: str, *, first: bool = False) -> list[dict[str, Any]]:
     expect(isinstance(message, dict), "each message must be an object", param)
     role = message.get("role")
-    expect(role in ("user", "assistant"), f"message role must be 'user' or 'assistant', not {role!r}", f"{param}.role")
+    roles = ("user", "assistant") if first else ("user", "assistant", "system")
+    expect(role in roles, f"message role must be one of {', '.join(roles)}, not {role!r}", f"{param}.role")
     content = message.get("content")
+    if role == "system":  # a mid-conversation system message (never the first entry)
+        where = f"{param}.content"
+        expect(isinstance(content, str | list), "message content must be a string or an array of blocks", where)
+        text = content if isinstance(content, str) else join_text_parts(content, _TEXT_BLOCKS, where)
+        return [{"role": "system", "content": text}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     expect(isinstance(content, list), "message content must be a string or an array of blocks", f"{param}.content")

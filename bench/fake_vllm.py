@@ -1,0 +1,204 @@
+"""A fake vLLM-like chat engine for proxy benchmarks and fault injection.
+
+It stands in for vLLM where a real model would only add noise (throughput of
+the proxy itself) or can't fail on demand (upstream faults). It keeps vLLM's
+wire contract: top-level ``prompt_token_ids``, ``choices[0].token_ids``,
+``logprobs.content[*]`` with ``token_id:N`` tokens, parsed ``tool_calls``.
+Its "chat template" is append-only like Qwen's: an assistant turn re-renders
+to exactly the ids it was sampled as, followed by a newline id, so a
+multi-turn session forms one capture path. Every other turn is a tool call.
+
+Faults are scheduled per call: ``FakeVLLM.faults`` is a list consumed in
+order, each entry one of ``("status", code, retry_after)``, ``("delay", s)``,
+``("truncate",)`` (a 200 with cut JSON), ``("no_ids",)``, ``None`` (normal).
+
+``python bench/fake_vllm.py --port N [--latency-s S]`` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import zlib
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+VOCAB = 32000
+IM_START, IM_END, NEWLINE = 1, 2, 3
+ROLE_IDS = {"system": 4, "user": 5, "assistant": 6, "tool": 7}
+MODEL = "fake/vllm"
+WORDS = ("alpha", "beta", "gamma", "delta", "tool", "file", "run", "test", "patch", "done")
+
+
+@functools.lru_cache(maxsize=65536)
+def tokenize(text: str) -> tuple[int, ...]:
+    """Deterministic ids: one per 4-character chunk (memoised: histories resend every message)."""
+    return tuple(16 + zlib.crc32(text[i : i + 4].encode()) % (VOCAB - 16) for i in range(0, len(text), 4))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _assistant_text(message: dict[str, Any]) -> str:
+    text = _content_text(message.get("content"))
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        text += f'<tool_call>{{"name": "{fn.get("name")}", "arguments": {fn.get("arguments")}}}</tool_call>'
+    return text
+
+
+def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    """The fake template: ``<s> role text </s> \\n`` per message, then the generation prompt."""
+    ids: list[int] = []
+    if tools:
+        ids += [IM_START, ROLE_IDS["system"], *tokenize(orjson.dumps(tools).decode()), IM_END, NEWLINE]
+    for message in messages:
+        role = message.get("role", "user")
+        text = _assistant_text(message) if role == "assistant" else _content_text(message.get("content"))
+        ids += [IM_START, ROLE_IDS.get(role, 5), *tokenize(text), IM_END, NEWLINE]
+    return [*ids, IM_START, ROLE_IDS["assistant"]]
+
+
+class FakeVLLM:
+    """The fake engine; ``start()``/``stop()`` on the current loop, or ``run_forever`` standalone."""
+
+    def __init__(self, *, latency_s: float = 0.0, completion_chars: int = 120) -> None:
+        self.latency_s = latency_s
+        self.completion_chars = completion_chars
+        self.faults: list[tuple | None] = []
+        self.calls = 0
+        self.cancelled = 0
+        self.app = web.Application(client_max_size=256 * 1024 * 1024)
+        self.app.router.add_post("/v1/chat/completions", self._chat)
+        self.app.router.add_get("/v1/models", self._models)
+        self.app.router.add_get("/health", self._health)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 131072}]}
+        return web.json_response(data)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        fault = self.faults.pop(0) if self.faults else None
+        body = orjson.loads(await request.read())
+        try:
+            if fault and fault[0] == "delay":
+                await asyncio.sleep(fault[1])
+            elif self.latency_s:
+                await asyncio.sleep(self.latency_s)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if fault and fault[0] == "status":
+            headers = {"Retry-After": str(fault[2])} if len(fault) > 2 and fault[2] is not None else None
+            err = {"error": {"message": f"injected {fault[1]}", "type": "server_error", "code": fault[1]}}
+            return web.Response(
+                body=orjson.dumps(err), status=fault[1], headers=headers, content_type="application/json"
+            )
+        payload = orjson.dumps(self.complete(body, with_ids=not (fault and fault[0] == "no_ids")))
+        if fault and fault[0] == "truncate":
+            payload = payload[: len(payload) // 2]
+        return web.Response(body=payload, content_type="application/json")
+
+    def complete(self, body: dict[str, Any], *, with_ids: bool = True) -> dict[str, Any]:
+        """The chat completion for ``body``: a tool call on odd assistant turns when tools are offered."""
+        messages = body["messages"]
+        tools = body.get("tools")
+        prompt_ids = render_prompt(messages, tools)
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        seed = zlib.crc32(orjson.dumps(prompt_ids[-64:]))
+        if tools and turn % 2 == 0:
+            name = tools[0]["function"]["name"]
+            arguments = orjson.dumps({"command": f"echo {WORDS[seed % len(WORDS)]} {turn}"}).decode()
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{seed:x}_{turn}",
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        else:
+            words = [WORDS[(seed >> (i % 24)) % len(WORDS)] for i in range(self.completion_chars // 6)]
+            message = {"role": "assistant", "content": " ".join(words)[: self.completion_chars]}
+            finish = "stop"
+        completion_ids = [*tokenize(_assistant_text(message)), IM_END]
+        temperature = body.get("temperature", 1.0) or 1.0
+        logprobs = [-((i * 7919 + seed) % 1000) / (1000.0 * temperature) - 1e-3 for i in range(len(completion_ids))]
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        response: dict[str, Any] = {
+            "id": f"chatcmpl-{seed:x}{turn}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", MODEL),
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(completion_ids),
+                "total_tokens": len(prompt_ids) + len(completion_ids),
+            },
+        }
+        if with_ids:
+            response["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = completion_ids
+        if body.get("logprobs"):
+            content = [
+                {"token": f"token_id:{t}", "logprob": lp, "bytes": [], "top_logprobs": []}
+                for t, lp in zip(completion_ids, logprobs, strict=True)
+            ]
+            top_n = body.get("top_logprobs") or 0
+            if top_n:
+                for entry in content:
+                    # Processed logprobs: the gap between candidates scales with 1/temperature.
+                    entry["top_logprobs"] = [
+                        {"token": f"token_id:{10 + k}", "logprob": -(k + 1) / temperature} for k in range(top_n)
+                    ]
+            choice["logprobs"] = {"content": content}
+        return response
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--latency-s", type=float, default=0.0)
+    a = p.parse_args()
+
+    async def run() -> None:
+        engine = FakeVLLM(latency_s=a.latency_s)
+        port = await engine.start(a.host, a.port)
+        print(f"fake vLLM on http://{a.host}:{port}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""``python -m proxy``: run the capture proxy until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from proxy.server import CaptureProxy, ProxyConfig
+
+
+def parse_args(argv: list[str] | None = None) -> ProxyConfig:
+    """Command-line flags to a ``ProxyConfig``."""
+    p = argparse.ArgumentParser(prog="python -m proxy", description="Exact-token capture proxy for agent sessions.")
+    p.add_argument("--engine-url", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--journal-dir", type=Path, required=True, help="per-session journals (recovered on start)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100, help="0 picks a free port (printed on start)")
+    p.add_argument("--model", default=None, help="served model name upstream (default: the engine's first)")
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get("HARNESS_PROXY_ADMIN_KEY"),
+        help="control-plane key (env HARNESS_PROXY_ADMIN_KEY); minted and printed if unset on loopback",
+    )
+    p.add_argument("--keepalive-s", type=float, default=10.0)
+    p.add_argument("--upstream-timeout-s", type=float, default=600.0)
+    p.add_argument("--upstream-retries", type=int, default=3)
+    p.add_argument("--upstream-backoff-s", type=float, default=2.0)
+    p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument("--fsync", action="store_true", help="fsync the journal on every call (survives power loss)")
+    p.add_argument("--no-probe", action="store_true", help="skip the engine tier probe at session creation")
+    a = p.parse_args(argv)
+    return ProxyConfig(
+        engine_url=a.engine_url,
+        journal_dir=a.journal_dir,
+        host=a.host,
+        port=a.port,
+        model=a.model,
+        admin_key=a.admin_key,
+        keepalive_s=a.keepalive_s,
+        upstream_timeout_s=a.upstream_timeout_s,
+        upstream_retries=a.upstream_retries,
+        upstream_backoff_s=a.upstream_backoff_s,
+        max_body_bytes=a.max_body_bytes,
+        fsync=a.fsync,
+        probe_engines=not a.no_probe,
+    )
+
+
+async def serve(config: ProxyConfig) -> None:
+    """Run until a termination signal."""
+    proxy = CaptureProxy(config)
+    port = await proxy.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    key_note = "" if config.admin_key else f" admin_key={proxy.admin_key}"
+    print(f"proxy listening on http://{config.host}:{port} sessions={len(proxy.sessions)}{key_note}", flush=True)
+    await stop.wait()
+    await proxy.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

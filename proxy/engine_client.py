@@ -1,0 +1,246 @@
+"""The upstream engine: HTTP client, retries, capture extraction, tier probe.
+
+Contract: ``EngineClient.chat(body)`` POSTs one non-streaming chat completion
+and returns the parsed JSON, retrying 408/409/429/5xx and connection errors
+with exponential backoff that honours ``Retry-After``; anything else raises
+``UpstreamError`` carrying the status to report to the agent.
+``extract_capture(response)`` takes the exact ids and logprobs out of a vLLM
+chat response or raises ``MalformedUpstream``; it never re-tokenizes.
+``probe_tier`` grades an engine: ``tokens`` (ids + processed logprobs: can
+train), ``logprobs`` (eval only), ``text``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class UpstreamError(Exception):
+    """The engine failed the call; ``status`` is what the agent is told."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class MalformedUpstream(UpstreamError):
+    """The engine answered 200 but broke the exact-capture contract."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(502, f"malformed engine response: {message}")
+
+
+@dataclass(slots=True)
+class Capture:
+    """What one engine call sampled, exactly as the engine reported it."""
+
+    prompt_ids: list[int]
+    sampled_ids: list[int]
+    logprobs: list[float] | None  # None: no usable logprobs, the turn is context only
+    logprob_note: str | None = None  # why logprobs were dropped
+
+
+def _is_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(x) is int and x >= 0 for x in value)
+
+
+def extract_capture(response: dict[str, Any]) -> Capture:
+    """Exact ids and logprobs from a vLLM chat-completions response.
+
+    Prompt ids are top-level ``prompt_token_ids`` (SGLang's per-choice copy is
+    accepted); completion ids are ``choices[0].token_ids``. One null logprob,
+    a count mismatch, or a ``token_id:N`` that disagrees with the ids voids
+    the turn's logprobs (it stays as context), per REFERENCE §1.3.
+    """
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedUpstream("no choices")
+    choice = choices[0]
+    prompt_ids = response.get("prompt_token_ids")
+    if prompt_ids is None:
+        prompt_ids = choice.get("prompt_token_ids")
+    if not _is_id_list(prompt_ids) or not prompt_ids:
+        raise MalformedUpstream("missing or invalid prompt_token_ids (is return_token_ids supported?)")
+    sampled_ids = choice.get("token_ids")
+    if not _is_id_list(sampled_ids):
+        raise MalformedUpstream("missing or invalid choices[0].token_ids")
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise MalformedUpstream("missing choices[0].message")
+    content = (choice.get("logprobs") or {}).get("content")
+    if content is None:
+        return Capture(prompt_ids, sampled_ids, None, "no logprobs returned")
+    if len(content) != len(sampled_ids):
+        return Capture(prompt_ids, sampled_ids, None, f"{len(content)} logprobs for {len(sampled_ids)} ids")
+    logprobs = []
+    for position, (entry, token_id) in enumerate(zip(content, sampled_ids, strict=True)):
+        value = entry.get("logprob") if isinstance(entry, dict) else None
+        if type(value) not in (float, int) or not math.isfinite(value) or value > 0:
+            return Capture(prompt_ids, sampled_ids, None, f"unusable logprob at {position}")
+        token = entry.get("token")
+        if isinstance(token, str) and token.startswith("token_id:") and token != f"token_id:{token_id}":
+            return Capture(prompt_ids, sampled_ids, None, f"logprob ids shifted at {position}")
+        logprobs.append(float(value))
+    return Capture(prompt_ids, sampled_ids, logprobs)
+
+
+class EngineClient:
+    """A pooled client for one engine base URL (``http://host:port``, no ``/v1``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int = 256,
+        timeout_s: float = 600.0,
+        retries: int = 3,
+        backoff_s: float = 2.0,
+        max_retry_after_s: float = 60.0,
+        api_key: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_retry_after_s = max_retry_after_s
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self.retry_count = 0
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s), json_serialize=None
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close pooled connections."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One non-streaming chat completion, retried on transient failures."""
+        return await self._post("/v1/chat/completions", body)
+
+    async def get_json(self, path: str) -> dict[str, Any]:
+        """GET a JSON route (``/v1/models``, ``/health``)."""
+        async with self._http().get(self.base_url + path, headers=self._headers) as resp:
+            data = await resp.read()
+            if resp.status != 200:
+                raise UpstreamError(502, f"engine {path} answered {resp.status}")
+            return orjson.loads(data)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        payload = orjson.dumps(body)
+        url = self.base_url + path
+        attempt = 0
+        while True:
+            delay = self.backoff_s * (2**attempt)
+            try:
+                async with self._http().post(url, data=payload, headers=self._headers) as resp:
+                    data = await resp.read()
+                    if resp.status == 200:
+                        try:
+                            parsed = orjson.loads(data)
+                        except orjson.JSONDecodeError as exc:
+                            raise MalformedUpstream(f"invalid JSON ({exc})") from None
+                        if not isinstance(parsed, dict):
+                            raise MalformedUpstream("response is not a JSON object")
+                        return parsed
+                    message = _error_message(data) or f"engine answered HTTP {resp.status}"
+                    if resp.status not in RETRYABLE_STATUS or attempt >= self.retries:
+                        status = resp.status if 400 <= resp.status < 500 else 502
+                        raise UpstreamError(status, message)
+                    retry_after = resp.headers.get("Retry-After")
+                    if retry_after is not None:
+                        with contextlib.suppress(ValueError):
+                            delay = min(max(float(retry_after), 0.0), self.max_retry_after_s)
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+                if attempt >= self.retries:
+                    kind = "timed out" if isinstance(exc, TimeoutError) else f"unreachable ({exc})"
+                    raise UpstreamError(504 if isinstance(exc, TimeoutError) else 502, f"engine {kind}") from None
+            attempt += 1
+            self.retry_count += 1
+            await asyncio.sleep(delay)
+
+
+def _error_message(data: bytes) -> str | None:
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data[:200].decode("utf-8", "replace") or None
+    if isinstance(parsed, dict):
+        err = parsed.get("error", parsed)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(parsed.get("message"), str):
+            return parsed["message"]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTier:
+    """The capture tier of an engine: ``tokens`` trains; ``logprobs`` and ``text`` are eval only."""
+
+    tier: str
+    gap_ratio: float | None
+    detail: str
+
+    @property
+    def trainable(self) -> bool:
+        return self.tier == "tokens"
+
+
+async def probe_tier(client: EngineClient, model: str) -> EngineTier:
+    """Grade the engine with the processed-vs-raw probe (REFERENCE §1.4).
+
+    The gap between the top-2 logprobs of one prompt halves from T=1 to T=2
+    when logprobs are post-temperature (ratio 0.5) and stays (1.0) when raw.
+    """
+    gaps = []
+    for temperature in (1.0, 2.0):
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 1,
+            "temperature": temperature,
+            "top_p": 1.0,
+            "seed": 0,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "return_token_ids": True,
+            "stream": False,
+        }
+        response = await client.chat(body)
+        try:
+            capture = extract_capture(response)
+        except MalformedUpstream as exc:
+            has_logprobs = bool(((response.get("choices") or [{}])[0].get("logprobs") or {}).get("content"))
+            return EngineTier("logprobs" if has_logprobs else "text", None, str(exc))
+        if capture.logprobs is None:
+            return EngineTier("text", None, capture.logprob_note or "no logprobs")
+        top = response["choices"][0]["logprobs"]["content"][0].get("top_logprobs") or []
+        if len(top) < 2:
+            return EngineTier("logprobs", None, "engine returned fewer than 2 top_logprobs")
+        gaps.append(top[0]["logprob"] - top[1]["logprob"])
+    if gaps[0] <= 1e-6:
+        return EngineTier("logprobs", None, "top-2 logprobs tie; can't tell processed from raw")
+    ratio = gaps[1] / gaps[0]
+    if abs(ratio - 0.5) < 0.1:
+        return EngineTier("tokens", ratio, "ids and processed logprobs")
+    return EngineTier("logprobs", ratio, f"logprobs look raw (gap ratio {ratio:.2f}, processed gives 0.5)")

@@ -1,0 +1,58 @@
+"""Proxy counters rendered in the Prometheus text exposition format."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.sessions import Session
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass
+class ProxyMetrics:
+    """Process-wide counters; per-session figures are read from the sessions at render time."""
+
+    requests: int = 0
+    unauthorized: int = 0
+    client_errors: int = 0
+    upstream_errors: int = 0
+    sessions_created: int = 0
+    captured_tokens: int = 0
+    call_latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    call_latency_sum: float = 0.0
+
+    def observe_call(self, seconds: float) -> None:
+        """Record the wall time of one completed model call."""
+        self.call_latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.call_latency_sum += seconds
+
+    def render(self, sessions: Iterable[Session], upstream_retries: int) -> str:
+        """The Prometheus text exposition of every counter."""
+        sessions = list(sessions)
+        lines = []
+
+        def metric(name: str, kind: str, help_: str, value: float) -> None:
+            lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"])
+
+        metric("proxy_requests_total", "counter", "Model-call requests received.", self.requests)
+        metric("proxy_unauthorized_total", "counter", "Requests with an unknown API key.", self.unauthorized)
+        metric("proxy_client_errors_total", "counter", "Requests refused with a 4xx.", self.client_errors)
+        metric("proxy_upstream_errors_total", "counter", "Engine failures reported to agents.", self.upstream_errors)
+        metric("proxy_upstream_retries_total", "counter", "Engine calls retried.", upstream_retries)
+        metric("proxy_sessions_created_total", "counter", "Sessions created.", self.sessions_created)
+        metric("proxy_sessions", "gauge", "Live sessions.", len(sessions))
+        metric("proxy_captured_calls_total", "counter", "Calls recorded.", sum(s.stats.calls for s in sessions))
+        metric("proxy_captured_completion_tokens_total", "counter", "Sampled tokens recorded.", self.captured_tokens)
+        lines += ["# HELP proxy_call_seconds Wall time of a model call.", "# TYPE proxy_call_seconds histogram"]
+        cumulative = 0
+        for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), self.call_latency_counts, strict=True):
+            cumulative += count
+            label = "+Inf" if bound == float("inf") else repr(bound)
+            lines.append(f'proxy_call_seconds_bucket{{le="{label}"}} {cumulative}')
+        lines += [f"proxy_call_seconds_sum {self.call_latency_sum}", f"proxy_call_seconds_count {cumulative}"]
+        return "\n".join(lines) + "\n"

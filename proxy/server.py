@@ -1,0 +1,435 @@
+"""The capture proxy's HTTP service.
+
+Agent plane (the agent's API key is its session id): ``POST /v1/chat/completions``
+(OpenAI chat), ``POST /v1/responses`` (OpenAI Responses), ``POST /v1/messages``
+and ``/v1/messages/count_tokens`` (Anthropic), ``GET /v1/models``.
+Control plane (admin key): ``POST/GET /sessions``, ``GET/DELETE /sessions/{id}``,
+``GET /sessions/{id}/trace`` (``TrainingTrace`` JSON), ``GET
+/sessions/{id}/sequences``. Open: ``GET /health``, ``GET /metrics``
+(Prometheus text).
+
+One model call: authenticate, translate (dialect), apply the session's
+sampling policy, call the engine once non-streaming (retrying transient
+failures), extract the exact capture, record it in the graph and the journal,
+and only then reply, as JSON or as SSE replayed in the agent's dialect with
+keepalives while the engine works. A client that disconnects cancels the
+engine call and nothing is recorded; an engine failure or malformed engine
+reply becomes an error in the agent's dialect and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.dialects import COUNT_TOKENS_ROUTE, ROUTES, anthropic_messages, openai_chat
+from proxy.dialects.base import ChatRequest, DialectError
+from proxy.engine_client import EngineClient, EngineTier, UpstreamError, extract_capture, probe_tier
+from proxy.metrics import ProxyMetrics
+from proxy.sampling_policy import PolicyError, engine_request
+from proxy.sessions import Session, SessionConfig, SessionRegistry, keys_equal
+
+log = logging.getLogger("proxy")
+
+BUDGET_EXHAUSTED_TEXT = "Step budget exhausted; stopping."
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+@dataclass
+class ProxyConfig:
+    """Settings of one proxy process."""
+
+    engine_url: str
+    journal_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8100
+    admin_key: str | None = None  # None on loopback: minted; required off loopback
+    model: str | None = None  # served name upstream; None: the engine's first model
+    keepalive_s: float = 10.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    upstream_timeout_s: float = 600.0
+    upstream_retries: int = 3
+    upstream_backoff_s: float = 2.0
+    max_upstream_connections: int = 256
+    fsync: bool = False
+    probe_engines: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.host not in LOOPBACK_HOSTS and not self.admin_key:
+            raise ValueError(f"binding {self.host} (not loopback) requires an admin key")
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _agent_key(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")
+
+
+class CaptureProxy:
+    """The proxy application; ``start()``/``stop()`` run it in the current event loop."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.admin_key = config.admin_key or secrets.token_urlsafe(24)
+        self.sessions = SessionRegistry(config.journal_dir, fsync=config.fsync)
+        self.metrics = ProxyMetrics()
+        self._clients: dict[str, EngineClient] = {}
+        self._tiers: dict[tuple[str, str], EngineTier] = {}
+        self._models: dict[str, str] = {}
+        self._runner: web.AppRunner | None = None
+        self.app = self._build_app()
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._error_middleware])
+        for path, dialect in ROUTES.items():
+            app.router.add_post(path, self._model_call_handler(dialect))
+        app.router.add_post(COUNT_TOKENS_ROUTE, self._count_tokens)
+        app.router.add_get("/v1/models", self._list_models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/sessions", self._create_session)
+        app.router.add_get("/sessions", self._list_sessions)
+        app.router.add_get("/sessions/{sid}", self._get_session)
+        app.router.add_delete("/sessions/{sid}", self._delete_session)
+        app.router.add_get("/sessions/{sid}/trace", self._get_trace)
+        app.router.add_get("/sessions/{sid}/sequences", self._get_sequences)
+        return app
+
+    async def start(self) -> int:
+        """Recover journals, bind, serve; returns the bound port."""
+        recovered = self.sessions.recover()
+        if recovered:
+            log.info("recovered %d session(s) from %s", recovered, self.config.journal_dir)
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        """Stop serving and close upstream pools and journals."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for client in self._clients.values():
+            await client.close()
+        self.sessions.close()
+
+    def _client(self, url: str | None) -> EngineClient:
+        url = (url or self.config.engine_url).rstrip("/").removesuffix("/v1")
+        client = self._clients.get(url)
+        if client is None:
+            client = EngineClient(
+                url,
+                max_connections=self.config.max_upstream_connections,
+                timeout_s=self.config.upstream_timeout_s,
+                retries=self.config.upstream_retries,
+                backoff_s=self.config.upstream_backoff_s,
+            )
+            self._clients[url] = client
+        return client
+
+    async def _served_model(self, client: EngineClient, wanted: str | None) -> str:
+        if wanted:
+            return wanted
+        if client.base_url not in self._models:
+            models = await client.get_json("/v1/models")
+            data = models.get("data") or []
+            if not data:
+                raise UpstreamError(502, "engine serves no model")
+            self._models[client.base_url] = data[0]["id"]
+        return self._models[client.base_url]
+
+    # --- middleware and control plane ------------------------------------------------------------------------------
+
+    @web.middleware
+    async def _error_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.config.max_body_bytes
+            return self._error_for(request, 413, f"request body exceeds {limit} bytes", "invalid_request_error")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return self._error_for(request, exc.status, exc.reason, "invalid_request_error")
+            raise
+
+    def _error_for(self, request: web.Request, status: int, message: str, type_: str) -> web.Response:
+        dialect = anthropic_messages if request.path.startswith("/v1/messages") else openai_chat
+        return _json(dialect.render_error(status, message, type_), status)
+
+    def _require_admin(self, request: web.Request) -> None:
+        if not keys_equal(_agent_key(request), self.admin_key):
+            raise web.HTTPUnauthorized(reason="admin key required")
+
+    def _session_or_404(self, request: web.Request) -> Session:
+        self._require_admin(request)
+        session = self.sessions.get(request.match_info["sid"])
+        if session is None:
+            raise web.HTTPNotFound(reason="no such session")
+        return session
+
+    async def _create_session(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        try:
+            body = orjson.loads(await request.read())
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+            session_id = body.pop("session_id", None)
+            config = SessionConfig(**body)
+        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+            return _json(openai_chat.render_error(400, f"invalid session request: {exc}"), 400)
+        client = self._client(config.llm_url)
+        try:
+            model = await self._served_model(client, config.model)
+            if self.config.probe_engines:
+                tier = await self._probe(client, model)
+                if config.purpose == "train" and not tier.trainable:
+                    message = f"engine tier is '{tier.tier}' ({tier.detail}); a train session needs 'tokens'"
+                    return _json(openai_chat.render_error(400, message), 400)
+        except UpstreamError as exc:
+            return _json(openai_chat.render_error(502, f"engine probe failed: {exc}"), 502)
+        try:
+            session = self.sessions.create(config, model, session_id)
+        except (KeyError, ValueError) as exc:
+            return _json(openai_chat.render_error(409 if isinstance(exc, KeyError) else 400, str(exc)), 400)
+        self.metrics.sessions_created += 1
+        return _json({"session_id": session.id, "api_key": session.id, **session.describe()}, 201)
+
+    async def _probe(self, client: EngineClient, model: str) -> EngineTier:
+        key = (client.base_url, model)
+        if key not in self._tiers:
+            self._tiers[key] = await probe_tier(client, model)
+        return self._tiers[key]
+
+    async def _list_sessions(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        return _json({"sessions": [s.describe() for s in self.sessions]})
+
+    async def _get_session(self, request: web.Request) -> web.Response:
+        return _json(self._session_or_404(request).describe())
+
+    async def _delete_session(self, request: web.Request) -> web.Response:
+        session = self._session_or_404(request)
+        self.sessions.delete(session.id)
+        return _json({"deleted": session.id})
+
+    async def _get_trace(self, request: web.Request) -> web.Response:
+        session = self._session_or_404(request)
+        trace = await asyncio.to_thread(session.graph.to_training_trace)
+        return web.Response(body=trace.to_json(), content_type="application/json")
+
+    async def _get_sequences(self, request: web.Request) -> web.Response:
+        session = self._session_or_404(request)
+        sequences = await asyncio.to_thread(session.graph.training_sequences)
+        return _json({"sequences": sequences})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return _json({"status": "ok", "sessions": len(self.sessions)})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        text = self.metrics.render(self.sessions, sum(c.retry_count for c in self._clients.values()))
+        return web.Response(text=text, content_type="text/plain")
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        session = self.sessions.get(_agent_key(request))
+        if session is None:
+            return _json(openai_chat.render_error(401, "unknown API key", "authentication_error"), 401)
+        return _json({"object": "list", "data": [{"id": session.model, "object": "model", "owned_by": "harness-grpo"}]})
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        if self.sessions.get(_agent_key(request)) is None:
+            return _json(anthropic_messages.render_error(401, "unknown API key", "authentication_error"), 401)
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return _json(anthropic_messages.render_error(400, f"malformed JSON: {exc}"), 400)
+        return _json(anthropic_messages.estimate_tokens(body))
+
+    # --- agent plane -----------------------------------------------------------------------------------------------
+
+    def _model_call_handler(self, dialect: ModuleType):
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self._model_call(request, dialect)
+
+        return handler
+
+    async def _model_call(self, request: web.Request, dialect: ModuleType) -> web.StreamResponse:
+        self.metrics.requests += 1
+        session = self.sessions.get(_agent_key(request))
+        if session is None:
+            self.metrics.unauthorized += 1
+            return _json(dialect.render_error(401, "unknown API key: no such session", "authentication_error"), 401)
+        try:
+            body = orjson.loads(await request.read())
+            chat = dialect.parse_request(body)
+            upstream_body, requested = engine_request(
+                chat.body,
+                model=session.model,
+                policy=session.policy,
+                max_output_tokens=session.config.max_output_tokens,
+            )
+        except orjson.JSONDecodeError as exc:
+            return self._client_error(session, dialect, 400, f"malformed JSON: {exc}", None)
+        except (DialectError, PolicyError) as exc:
+            status = getattr(exc, "status", 400)
+            return self._client_error(session, dialect, status, str(exc), getattr(exc, "param", None))
+        if session.budget_exhausted():
+            session.stats.budget_refusals += 1
+            return await self._reply(request, dialect, chat, _budget_reply(session.model, chat))
+        started = time.perf_counter()
+        client = self._client(session.config.llm_url)
+        if chat.stream:
+            return await self._streamed_call(request, dialect, chat, session, client, upstream_body, requested)
+        try:
+            engine = await client.chat(upstream_body)
+            self._record(session, chat, engine, upstream_body, requested, request)
+        except UpstreamError as exc:
+            session.stats.errors += 1
+            self.metrics.upstream_errors += 1
+            return _json(dialect.render_error(exc.status, str(exc), "api_error"), exc.status)
+        self.metrics.observe_call(time.perf_counter() - started)
+        return _json(dialect.render_response(engine, chat))
+
+    async def _streamed_call(
+        self,
+        request: web.Request,
+        dialect: ModuleType,
+        chat: ChatRequest,
+        session: Session,
+        client: EngineClient,
+        upstream_body: dict[str, Any],
+        requested: dict[str, Any],
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = _sse_response()
+        await response.prepare(request)
+        call = asyncio.ensure_future(client.chat(upstream_body))
+        try:
+            while not call.done():
+                await asyncio.wait({call}, timeout=self.config.keepalive_s)
+                if not call.done():
+                    await response.write(dialect.KEEPALIVE)
+            engine = call.result()
+            self._record(session, chat, engine, upstream_body, requested, request)
+        except UpstreamError as exc:
+            session.stats.errors += 1
+            self.metrics.upstream_errors += 1
+            await response.write(dialect.render_stream_error(exc.status, str(exc), "api_error", request=chat))
+            await response.write_eof()
+            return response
+        finally:
+            if not call.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await call
+        for frame in dialect.render_stream(engine, chat):
+            await response.write(frame)
+        await response.write_eof()
+        self.metrics.observe_call(time.perf_counter() - started)
+        return response
+
+    def _record(
+        self,
+        session: Session,
+        chat: ChatRequest,
+        engine: dict[str, Any],
+        upstream_body: dict[str, Any],
+        requested: dict[str, Any],
+        request: web.Request,
+    ) -> None:
+        capture = extract_capture(engine)
+        choice = engine["choices"][0]
+        tools = upstream_body.get("tools") or []
+        metadata = {
+            "model": session.model,
+            "dialect": chat.dialect,
+            "n_tools": len(tools),
+            "harness_session_id": request.headers.get("x-session-id") or request.headers.get("session_id"),
+            "sampling_params": {k: upstream_body[k] for k in _SAMPLING_KEYS if k in upstream_body},
+            "requested_sampling_params": requested,
+        }
+        if capture.logprob_note:
+            metadata["logprobs_dropped"] = capture.logprob_note
+        session.record(
+            capture,
+            {"messages": upstream_body["messages"], "tools": tools},
+            {"choices": [{"message": choice["message"], "finish_reason": choice.get("finish_reason")}]},
+            metadata,
+        )
+        self.metrics.captured_tokens += len(capture.sampled_ids)
+
+    def _client_error(
+        self, session: Session, dialect: ModuleType, status: int, message: str, param: str | None
+    ) -> web.Response:
+        session.stats.errors += 1
+        self.metrics.client_errors += 1
+        return _json(dialect.render_error(status, message, "invalid_request_error", param=param), status)
+
+    async def _reply(
+        self, request: web.Request, dialect: ModuleType, chat: ChatRequest, engine: dict[str, Any]
+    ) -> web.StreamResponse:
+        if not chat.stream:
+            return _json(dialect.render_response(engine, chat))
+        response = _sse_response()
+        await response.prepare(request)
+        for frame in dialect.render_stream(engine, chat):
+            await response.write(frame)
+        await response.write_eof()
+        return response
+
+
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "max_tokens",
+    "seed",
+    "stop",
+)
+
+
+def _sse_response() -> web.StreamResponse:
+    return web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+def _budget_reply(model: str, chat: ChatRequest) -> dict[str, Any]:
+    """The terminal reply the proxy gives itself when a session's call budget is spent (never recorded)."""
+    return {
+        "id": "chatcmpl-budget",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": BUDGET_EXHAUSTED_TEXT},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    }

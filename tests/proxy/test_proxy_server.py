@@ -1,0 +1,254 @@
+"""The real capture proxy on loopback in front of a fake vLLM-like engine: capture, auth, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
+
+from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _assert_trace_matches(trace: dict, replies: list[dict]) -> None:
+    OpenEnvTrainingTrace.model_validate(trace)
+    assert len(trace["turns"]) == len(replies)
+    by_ids = {tuple(t["prompt_token_ids"]): t for t in trace["turns"]}
+    for reply in replies:
+        turn = by_ids[tuple(reply["prompt_token_ids"])]
+        assert turn["completion_token_ids"] == reply["choices"][0]["token_ids"]
+
+
+def test_multi_turn_capture_is_exact_and_one_path(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session(sampling={"temperature": 0.7})
+        replies = await agent_turns(stack, key, 6)
+        trace = await stack.trace(key)
+        _assert_trace_matches(trace, replies)
+        async with stack.http.get(f"{stack.url}/sessions/{key}/sequences", headers=stack.admin) as resp:
+            sequences = (await resp.json())["sequences"]
+        assert len(sequences) == 1
+        for turn in trace["turns"]:
+            n = len(turn["prompt_token_ids"])
+            assert turn["loss_mask"][:n] == [0] * n
+            assert turn["loss_mask"][n:] == [1] * len(turn["completion_token_ids"])
+            assert turn["metadata"]["sampling_params"]["temperature"] == 0.7
+            assert turn["metadata"]["sampling_params"]["top_p"] == 1.0
+
+    run_stack(body, tmp_path)
+
+
+def test_keys_and_admin(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        async with stack.http.post(f"{stack.url}/sessions", json={}) as resp:
+            assert resp.status == 401
+        async with stack.http.post(f"{stack.url}/sessions", json={}, headers={"Authorization": "Bearer wrong"}) as resp:
+            assert resp.status == 401
+        status, err = await stack.chat("s" + "0" * 24, [{"role": "user", "content": "hi"}])
+        assert status == 401 and err["error"]["type"] == "authentication_error"
+        headers = {"x-api-key": "nope", "anthropic-version": "2023-06-01"}
+        body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+        async with stack.http.post(f"{stack.url}/v1/messages", json=body, headers=headers) as resp:
+            err = await resp.json()
+            assert resp.status == 401 and err["type"] == "error" and err["error"]["type"] == "authentication_error"
+        key = await stack.create_session(session_id="my-run.0", purpose="eval")
+        assert key == "my-run.0"
+        async with stack.http.get(f"{stack.url}/sessions", headers=stack.admin) as resp:
+            assert [s["id"] for s in (await resp.json())["sessions"]] == ["my-run.0"]
+
+    run_stack(body, tmp_path)
+
+
+def test_policy_refusals_and_budget(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session(max_model_calls=2)
+        msgs = [{"role": "user", "content": "hi"}]
+        status, err = await stack.chat(key, msgs, logit_bias={"5": 10})
+        assert status == 400 and "logit_bias" in err["error"]["message"]
+        status, err = await stack.chat(key, msgs, n=2)
+        assert status == 400
+        status, err = await stack.chat(key, msgs, tools=TOOLS, tool_choice="required")
+        assert status == 400 and err["error"]["param"] == "tool_choice"
+        for _ in range(2):
+            status, _reply = await stack.chat(key, msgs, temperature=0.1)
+            assert status == 200
+        status, reply = await stack.chat(key, msgs)
+        assert status == 200 and reply["choices"][0]["message"]["content"] == "Step budget exhausted; stopping."
+        trace = await stack.trace(key)
+        assert len(trace["turns"]) == 2
+        assert trace["turns"][0]["metadata"]["requested_sampling_params"] == {"temperature": 0.1}
+        assert trace["turns"][0]["metadata"]["sampling_params"]["temperature"] == 1.0
+
+    run_stack(body, tmp_path)
+
+
+def test_upstream_faults_become_dialect_errors_and_record_nothing(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        msgs = [{"role": "user", "content": "hi"}]
+        stack.engine.faults = [("status", 503, 0), ("status", 429, 0), None]
+        status, _ = await stack.chat(key, msgs)
+        assert status == 200  # retried twice, honouring Retry-After: 0
+        stack.engine.faults = [("status", 500)] * 4
+        status, err = await stack.chat(key, msgs)
+        assert status == 502 and "injected 500" in err["error"]["message"]
+        stack.engine.faults = [("status", 400)]
+        status, err = await stack.chat(key, msgs)
+        assert status == 400 and "injected 400" in err["error"]["message"]
+        stack.engine.faults = [("truncate",)]
+        status, err = await stack.chat(key, msgs)
+        assert status == 502 and "invalid JSON" in err["error"]["message"]
+        stack.engine.faults = [("no_ids",)]
+        status, err = await stack.chat(key, msgs)
+        assert status == 502 and "prompt_token_ids" in err["error"]["message"]
+        trace = await stack.trace(key)
+        assert len(trace["turns"]) == 1
+
+    run_stack(body, tmp_path)
+
+
+def test_upstream_timeout(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        stack.engine.faults = [("delay", 5.0)]
+        started = time.monotonic()
+        status, err = await stack.chat(key, [{"role": "user", "content": "hi"}])
+        assert status == 504 and "timed out" in err["error"]["message"]
+        assert time.monotonic() - started < 3
+        assert len((await stack.trace(key))["turns"]) == 0
+
+    run_stack(body, tmp_path, upstream_timeout_s=0.5, upstream_retries=0)
+
+
+def test_client_disconnect_cancels_upstream_and_records_nothing(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        for stream in (False, True):
+            stack.engine.faults = [("delay", 3.0)]
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(stack.chat(key, [{"role": "user", "content": "hi"}], stream=stream), 0.5)
+            for _ in range(40):
+                if stack.engine.cancelled == (2 if stream else 1):
+                    break
+                await asyncio.sleep(0.05)
+            assert stack.engine.cancelled == (2 if stream else 1)
+        assert len((await stack.trace(key))["turns"]) == 0
+
+    run_stack(body, tmp_path, keepalive_s=0.1)
+
+
+def test_streaming_keepalive_and_replay(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        stack.engine.faults = [("delay", 0.5)]
+        payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "tools": TOOLS}
+        headers = {"Authorization": f"Bearer {key}"}
+        async with stack.http.post(f"{stack.url}/v1/chat/completions", json=payload, headers=headers) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+            raw = (await resp.read()).decode()
+        assert raw.count(": keepalive") >= 2
+        assert raw.rstrip().endswith("data: [DONE]")
+        assert len((await stack.trace(key))["turns"]) == 1
+
+    run_stack(body, tmp_path, keepalive_s=0.1)
+
+
+def test_concurrent_sessions_never_mix(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        keys = [await stack.create_session() for _ in range(24)]
+        results = await asyncio.gather(
+            *(agent_turns(stack, k, 4, marker=f"task number {i}") for i, k in enumerate(keys))
+        )
+        for i, (key, replies) in enumerate(zip(keys, results, strict=True)):
+            trace = await stack.trace(key)
+            _assert_trace_matches(trace, replies)
+            for turn in trace["turns"]:
+                assert turn["request"]["messages"][1]["content"] == f"task number {i}"
+
+    run_stack(body, tmp_path)
+
+
+def test_bad_bodies_get_clear_4xx(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        url = f"{stack.url}/v1/chat/completions"
+        async with stack.http.post(url, data=b"{not json", headers=headers) as resp:
+            err = await resp.json()
+            assert resp.status == 400 and "malformed JSON" in err["error"]["message"]
+        async with stack.http.post(url, data=b"x" * 300_000, headers=headers) as resp:
+            err = await resp.json()
+            assert resp.status == 413 and "exceeds" in err["error"]["message"]
+        async with stack.http.post(url, json={"model": "m"}, headers=headers) as resp:
+            assert resp.status == 400
+        async with stack.http.get(f"{stack.url}/metrics") as resp:
+            text = await resp.text()
+            assert "proxy_client_errors_total 2" in text
+
+    run_stack(body, tmp_path, max_body_bytes=200_000)
+
+
+def _start(cmd: list[str], pattern: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if pattern in line:
+            return proc, line.split("http://")[1].split()[0]
+    proc.kill()
+    raise RuntimeError(f"{cmd} did not start")
+
+
+def test_sigkill_and_restart_serves_same_traces(tmp_path: Path) -> None:
+    engine, engine_addr = _start([sys.executable, "bench/fake_vllm.py"], "fake vLLM on")
+    proxy_cmd = [
+        sys.executable,
+        "-m",
+        "proxy",
+        "--engine-url",
+        f"http://{engine_addr}",
+        "--journal-dir",
+        str(tmp_path),
+        "--port",
+        "0",
+        "--admin-key",
+        "adm",
+    ]
+    try:
+        proxy, addr = _start(proxy_cmd, "proxy listening")
+
+        async def drive() -> tuple[list[str], dict[str, dict]]:
+            async with aiohttp.ClientSession() as http:
+                stack = Stack(None, type("P", (), {"admin_key": "adm"})(), f"http://{addr}", http)  # type: ignore[arg-type]
+                keys = [await stack.create_session() for _ in range(3)]
+                await asyncio.gather(*(agent_turns(stack, k, 3) for k in keys))
+                return keys, {k: await stack.trace(k) for k in keys}
+
+        keys, before = asyncio.run(drive())
+        os.kill(proxy.pid, signal.SIGKILL)
+        proxy.wait()
+        proxy, addr = _start(proxy_cmd, "proxy listening")
+
+        async def fetch() -> dict[str, dict]:
+            async with aiohttp.ClientSession() as http:
+                stack = Stack(None, type("P", (), {"admin_key": "adm"})(), f"http://{addr}", http)  # type: ignore[arg-type]
+                traces = {k: await stack.trace(k) for k in keys}
+                await agent_turns(stack, keys[0], 1)  # a recovered session keeps capturing
+                return traces
+
+        assert asyncio.run(fetch()) == before
+        proxy.terminate()
+        proxy.wait(10)
+    finally:
+        for p in (engine, locals().get("proxy")):
+            if p is not None and p.poll() is None:
+                p.kill()
