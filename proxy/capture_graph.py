@@ -301,6 +301,16 @@ class CaptureGraph:
                 other.parent = node
                 other.context = other.context[cut:]
 
+    def prompt_delta(self, node_id: str) -> tuple[str | None, list[int]]:
+        """``(parent_id, new ids)``: the node's prompt is its parent's prompt + sampled ids, then these.
+
+        A root has parent None and its whole prompt as new ids. Journals store this instead of the
+        whole prompt, so a session's journal grows with the tokens it received, not turns x tokens.
+        """
+        with self._lock:
+            node = self._by_id[node_id]
+            return (node.parent.node_id if node.parent is not None else None), node.context
+
     def _snapshot(self) -> list[tuple[_Node, _Node | None, list[int]]]:
         with self._lock:
             return [(n, n.parent, n.context) for n in self._nodes]

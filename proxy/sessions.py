@@ -108,11 +108,13 @@ class Session:
         node_id = self.graph.add_call(
             capture.prompt_ids, capture.sampled_ids, capture.logprobs, request, response, metadata
         )
+        base, new_prompt_ids = self.graph.prompt_delta(node_id)
         self.journal.append(
             {
                 "kind": "call",
                 "node_id": node_id,
-                "prompt_ids": capture.prompt_ids,
+                "base": base,
+                "new_prompt_ids": new_prompt_ids,
                 "sampled_ids": capture.sampled_ids,
                 "logprobs": capture.logprobs,
                 "request": request,
@@ -183,8 +185,12 @@ class SessionRegistry:
                 continue
             config = SessionConfig(**head["config"])
             session = Session(head["id"], config, SessionJournal(path, fsync=self._fsync), head["model"])
+            ends: dict[str, list[int]] = {}  # node id -> prompt + sampled ids
             for rec in records:
-                capture = Capture(rec["prompt_ids"], rec["sampled_ids"], rec["logprobs"])
+                base = rec["base"]
+                prompt_ids = ends[base] + rec["new_prompt_ids"] if base is not None else rec["new_prompt_ids"]
+                capture = Capture(prompt_ids, rec["sampled_ids"], rec["logprobs"])
+                ends[rec["node_id"]] = prompt_ids + rec["sampled_ids"]
                 session.graph.add_call(
                     capture.prompt_ids,
                     capture.sampled_ids,
