@@ -1,0 +1,313 @@
+"""The engine's HTTP server: vLLM's OpenAI routes plus the weight-sync control routes.
+
+Contract. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models`` (``max_model_len``, ``weight_version``), ``GET /health``
+(``weight_version``, ``paused``), ``POST /pause?mode=keep|wait``,
+``POST /resume``, ``GET /is_paused``, ``POST /update_weights[?version=N]``
+with a safetensors-serialised (partial) state dict as the body. Every error,
+including unknown routes and handler bugs, is a JSON ``{"error": {...}}`` with
+its status (``errors.error_body``); the server never dies on a request. The
+event loop never runs model compute: generation waits on the compute thread's
+futures, and blocking control calls and template rendering run in the default
+executor. Every wait is bounded (``request_timeout_s``, ``control_timeout_s``),
+and a client that disconnects cancels its request.
+
+``EngineServer`` starts and stops the app on a running loop; ``ServerThread``
+runs it on a background thread with its own loop, for tests and for a trainer
+that keeps the engine in-process. Neither starts or stops the engine itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from harness_grpo.engine.embedded import EmbeddedEngine
+from harness_grpo.engine.errors import EngineError, bad_request, error_body
+from harness_grpo.engine.generator import Completion
+from harness_grpo.engine.requests import parse_chat, parse_completion
+from harness_grpo.engine.responses import chat_response, completion_response
+from harness_grpo.engine.sampling import SamplingParams
+from harness_grpo.engine.weights import state_dict_from_safetensors
+
+logger = logging.getLogger(__name__)
+
+ENGINE_KEY = web.AppKey("engine", EmbeddedEngine)
+SETTINGS_KEY = web.AppKey("settings", dict)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    return _json(error_body(status, message, param), status)
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except EngineError as exc:
+        return _error(exc.status, exc.message, exc.param)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.reason)
+    except Exception as exc:
+        logger.exception("unhandled error serving %s %s", request.method, request.path)
+        return _error(500, f"internal engine error: {type(exc).__name__}: {exc}")
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    data = await request.read()
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"malformed JSON body: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+async def _in_executor[R](fn: Callable[..., R], *args: Any) -> R:
+    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+
+
+def _engine(request: web.Request) -> EmbeddedEngine:
+    return request.app[ENGINE_KEY]
+
+
+def _check_model(engine: EmbeddedEngine, model: str | None) -> None:
+    if model is not None and model != engine.served_model_name:
+        raise EngineError(404, f"The model `{model}` does not exist.", "model")
+
+
+async def _generate(request: web.Request, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    timeout_s = request.app[SETTINGS_KEY]["request_timeout_s"]
+    future = _engine(request).submit(prompt_ids, params)
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+    except TimeoutError:
+        raise EngineError(504, f"generation did not finish within {timeout_s}s") from None
+
+
+async def chat_completions(request: web.Request) -> web.Response:
+    """``POST /v1/chat/completions``."""
+    engine = _engine(request)
+    chat = parse_chat(await _json_body(request))
+    _check_model(engine, chat.model)
+    prompt_ids = await _in_executor(engine.render_chat, chat.messages, chat.tools, chat.chat_template_kwargs)
+    params = chat.options.sampling_params(len(prompt_ids), engine.max_model_len, "messages")
+    completion = await _generate(request, prompt_ids, params)
+    return _json(
+        chat_response(
+            completion,
+            model=engine.served_model_name,
+            top_logprobs=chat.options.top_logprobs,
+            return_token_ids=chat.options.return_token_ids,
+            parse_tools=chat.parse_tool_calls,
+            token_bytes=engine.token_bytes,
+        )
+    )
+
+
+async def completions(request: web.Request) -> web.Response:
+    """``POST /v1/completions`` (token ids or text in)."""
+    engine = _engine(request)
+    req = parse_completion(await _json_body(request), engine.vocab_size)
+    _check_model(engine, req.model)
+    prompt_ids = req.prompt if isinstance(req.prompt, list) else await _in_executor(engine.encode, req.prompt)
+    params = req.options.sampling_params(len(prompt_ids), engine.max_model_len, "prompt")
+    completion = await _generate(request, prompt_ids, params)
+    return _json(
+        completion_response(
+            completion,
+            model=engine.served_model_name,
+            logprobs=req.options.top_logprobs,
+            return_token_ids=req.options.return_token_ids,
+            token_bytes=engine.token_bytes,
+        )
+    )
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``."""
+    engine = _engine(request)
+    card = {
+        "id": engine.served_model_name,
+        "object": "model",
+        "created": engine.created,
+        "owned_by": "harness-grpo",
+        "root": engine.model_path,
+        "parent": None,
+        "max_model_len": engine.max_model_len,
+        "weight_version": engine.weight_version,
+    }
+    return _json({"object": "list", "data": [card]})
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``."""
+    return _json(_engine(request).health())
+
+
+async def is_paused(request: web.Request) -> web.Response:
+    """``GET /is_paused``."""
+    return _json({"is_paused": _engine(request).paused})
+
+
+async def pause(request: web.Request) -> web.Response:
+    """``POST /pause?mode=keep|wait``: returns once no forward pass runs."""
+    engine = _engine(request)
+    mode = request.query.get("mode", "keep")
+    await _in_executor(engine.pause, mode, request.app[SETTINGS_KEY]["control_timeout_s"])
+    return _json(engine.health())
+
+
+async def resume(request: web.Request) -> web.Response:
+    """``POST /resume``."""
+    engine = _engine(request)
+    engine.resume()
+    return _json(engine.health())
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    """``POST /update_weights[?version=N]`` with a safetensors body; answers the new ``weight_version``."""
+    engine = _engine(request)
+    if request.content_type == "application/json":
+        raise bad_request("send the weights inline as a safetensors body (application/octet-stream)")
+    version = request.query.get("version")
+    if version is not None and not version.isdigit():
+        raise bad_request("'version' must be a non-negative integer", "version")
+    state_dict = await _in_executor(state_dict_from_safetensors, await request.read())
+    new_version = await _in_executor(
+        engine.update_weights,
+        state_dict,
+        None if version is None else int(version),
+        request.app[SETTINGS_KEY]["control_timeout_s"],
+    )
+    return _json({"weight_version": new_version})
+
+
+def build_app(
+    engine: EmbeddedEngine,
+    *,
+    request_timeout_s: float = 3600.0,
+    control_timeout_s: float = 300.0,
+    client_max_size: int = 1 << 36,
+) -> web.Application:
+    """The aiohttp application serving ``engine``."""
+    app = web.Application(middlewares=[_error_middleware], client_max_size=client_max_size)
+    app[ENGINE_KEY] = engine
+    app[SETTINGS_KEY] = {"request_timeout_s": request_timeout_s, "control_timeout_s": control_timeout_s}
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/is_paused", is_paused)
+    app.router.add_post("/pause", pause)
+    app.router.add_post("/resume", resume)
+    app.router.add_post("/update_weights", update_weights)
+    return app
+
+
+class EngineServer:
+    """``engine`` served on ``host:port`` (0 picks a free port) on the running event loop."""
+
+    def __init__(self, engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0, **app_kwargs: Any) -> None:
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self._app_kwargs = app_kwargs
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (no ``/v1``)."""
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> str:
+        """Bind and serve; returns the base URL."""
+        runner = web.AppRunner(build_app(self.engine, **self._app_kwargs), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+        logger.info("engine serving %s at %s", self.engine.served_model_name, self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving (in-flight HTTP requests are cancelled)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+class ServerThread:
+    """An ``EngineServer`` on a daemon thread with its own event loop; also a context manager."""
+
+    def __init__(self, engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0, **app_kwargs: Any) -> None:
+        self.server = EngineServer(engine, host, port, **app_kwargs)
+        self._thread = threading.Thread(target=self._main, name="engine-http", daemon=True)
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        """Start serving; returns the base URL once the socket is bound."""
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"the engine server did not start within {timeout_s}s")
+        if self._failure is not None:
+            raise self._failure
+        return self.url
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop serving and join the thread."""
+        if self._thread.is_alive() and self._loop is not None and self._stop_event is not None:
+            self._loop.call_soon_threadsafe(self._stop_event.set)
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the engine server did not stop within {timeout_s}s")
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        try:
+            await self.server.start()
+        except BaseException as exc:
+            self._failure = exc
+            return
+        finally:
+            self._ready.set()
+        try:
+            await self._stop_event.wait()
+        finally:
+            await self.server.stop()

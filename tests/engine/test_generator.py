@@ -1,0 +1,99 @@
+"""The compute thread on its own: EOS handling, cancellation, failures, stop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from harness_grpo.engine import EngineError, SamplingParams
+from harness_grpo.engine.generator import Generator
+
+EOS = 2  # <|im_end|> in the tiny tokenizer
+
+
+class EosAfter(torch.nn.Module):
+    """The tiny model, except that the token fed at position >= ``after`` is followed by EOS."""
+
+    def __init__(self, model: torch.nn.Module, after: int) -> None:
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+        self.after = after
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        last_position = kwargs["position_ids"][:, -1]
+        out.logits[:, -1, EOS] += torch.where(last_position >= self.after, 1e4, 0.0)
+        return out
+
+
+@pytest.fixture
+def make_generator(reference_model, tokenizer):
+    started = []
+
+    def make(model: torch.nn.Module | None = None) -> Generator:
+        generator = Generator(
+            model or reference_model, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), {0, EOS}
+        )
+        generator.start()
+        started.append(generator)
+        return generator
+
+    yield make
+    for generator in started:
+        generator.stop()
+
+
+def test_eos_is_in_token_ids_but_not_in_text(make_generator, reference_model, tokenizer):
+    prompt = tokenizer.encode("def f(x):")
+    generator = make_generator(EosAfter(reference_model, after=len(prompt) + 3))
+    done = generator.submit(prompt, SamplingParams(max_tokens=50, temperature=1.0, seed=0)).result(30)
+    assert len(done.token_ids) == 5 and done.token_ids[-1] == EOS
+    assert done.finish_reason == "stop" and done.stop_reason is None
+    assert done.text == tokenizer.decode(done.token_ids[:-1], skip_special_tokens=True)
+    assert done.logprobs[-1] > -1e-3
+
+
+def test_cancelled_request_leaves_the_batch(make_generator, tokenizer):
+    generator = make_generator()
+    long = generator.submit(tokenizer.encode("x"), SamplingParams(max_tokens=5000))
+    short = generator.submit(tokenizer.encode("y"), SamplingParams(max_tokens=5))
+    assert short.result(30).finish_reason == "length"
+    assert long.cancel()
+    assert generator.submit(tokenizer.encode("z"), SamplingParams(max_tokens=3)).result(30).token_ids
+    generated = generator.stats.generated_tokens
+    time.sleep(0.1)
+    assert generator.stats.generated_tokens == generated  # nothing left decoding
+
+
+def test_a_failing_forward_fails_its_requests_and_the_loop_survives(make_generator, reference_model, tokenizer):
+    class Flaky(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.config, self.fail = reference_model, reference_model.config, True
+
+        def forward(self, **kwargs):
+            if self.fail:
+                raise RuntimeError("boom")
+            return self.inner(**kwargs)
+
+    flaky = Flaky()
+    generator = make_generator(flaky)
+    with pytest.raises(RuntimeError, match="boom"):
+        generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3)).result(30)
+    flaky.fail = False
+    assert len(generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3)).result(30).token_ids) == 3
+
+
+def test_stop_fails_queued_requests_and_refuses_new_ones(make_generator, tokenizer):
+    generator = make_generator()
+    generator.pause()
+    queued = generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3))
+    generator.stop()
+    with pytest.raises(EngineError) as info:
+        queued.result(5)
+    assert info.value.status == 503
+    with pytest.raises(EngineError):
+        generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3))
