@@ -49,15 +49,12 @@ class Capture:
     logprob_note: str | None = None  # why logprobs were dropped
 
 
-def _is_id_list(value: Any) -> bool:
-    return isinstance(value, list) and all(type(x) is int and x >= 0 for x in value)
-
-
 def extract_capture(response: dict[str, Any]) -> Capture:
     """Exact ids and logprobs from a vLLM chat-completions response.
 
     Prompt ids are top-level ``prompt_token_ids`` (SGLang's per-choice copy is
-    accepted); completion ids are ``choices[0].token_ids``. One null logprob,
+    accepted); completion ids are ``choices[0].token_ids``. The ids' values are
+    checked where they are stored (``CaptureGraph.add_call``, new ids only). One null logprob,
     a count mismatch, or a ``token_id:N`` that disagrees with the ids voids
     the turn's logprobs (it stays as context), per REFERENCE §1.3.
     """
@@ -68,10 +65,10 @@ def extract_capture(response: dict[str, Any]) -> Capture:
     prompt_ids = response.get("prompt_token_ids")
     if prompt_ids is None:
         prompt_ids = choice.get("prompt_token_ids")
-    if not _is_id_list(prompt_ids) or not prompt_ids:
+    if not isinstance(prompt_ids, list) or not prompt_ids:
         raise MalformedUpstream("missing or invalid prompt_token_ids (is return_token_ids supported?)")
     sampled_ids = choice.get("token_ids")
-    if not _is_id_list(sampled_ids):
+    if not isinstance(sampled_ids, list):
         raise MalformedUpstream("missing or invalid choices[0].token_ids")
     message = choice.get("message")
     if not isinstance(message, dict):

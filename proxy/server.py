@@ -20,7 +20,6 @@ reply becomes an error in the agent's dialect and nothing is recorded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -34,10 +33,18 @@ from aiohttp import web
 
 from proxy.dialects import COUNT_TOKENS_ROUTE, ROUTES, anthropic_messages, openai_chat
 from proxy.dialects.base import ChatRequest, DialectError
-from proxy.engine_client import EngineClient, EngineTier, UpstreamError, extract_capture, probe_tier
+from proxy.engine_client import (
+    EngineClient,
+    EngineTier,
+    MalformedUpstream,
+    UpstreamError,
+    extract_capture,
+    probe_tier,
+)
 from proxy.metrics import ProxyMetrics
 from proxy.sampling_policy import PolicyError, engine_request
 from proxy.sessions import Session, SessionConfig, SessionRegistry, keys_equal
+from proxy.trace import CaptureContractError
 
 log = logging.getLogger("proxy")
 
@@ -322,13 +329,10 @@ class CaptureProxy:
         started = time.perf_counter()
         response = _sse_response()
         await response.prepare(request)
-        call = asyncio.ensure_future(client.chat(upstream_body))
+        keepalive = asyncio.ensure_future(self._keepalive(response, dialect.KEEPALIVE))
         try:
-            while not call.done():
-                await asyncio.wait({call}, timeout=self.config.keepalive_s)
-                if not call.done():
-                    await response.write(dialect.KEEPALIVE)
-            engine = call.result()
+            engine = await client.chat(upstream_body)
+            keepalive.cancel()
             self._record(session, chat, engine, upstream_body, requested, request)
         except UpstreamError as exc:
             session.stats.errors += 1
@@ -337,15 +341,17 @@ class CaptureProxy:
             await response.write_eof()
             return response
         finally:
-            if not call.done():
-                call.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await call
-        for frame in dialect.render_stream(engine, chat):
-            await response.write(frame)
+            keepalive.cancel()
+        await response.write(b"".join(dialect.render_stream(engine, chat)))
         await response.write_eof()
         self.metrics.observe_call(time.perf_counter() - started)
         return response
+
+    async def _keepalive(self, response: web.StreamResponse, frame: bytes) -> None:
+        """Write ``frame`` every ``keepalive_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.config.keepalive_s)
+            await response.write(frame)
 
     def _record(
         self,
@@ -369,12 +375,15 @@ class CaptureProxy:
         }
         if capture.logprob_note:
             metadata["logprobs_dropped"] = capture.logprob_note
-        session.record(
-            capture,
-            {"messages": upstream_body["messages"], "tools": tools},
-            {"choices": [{"message": choice["message"], "finish_reason": choice.get("finish_reason")}]},
-            metadata,
-        )
+        try:
+            session.record(
+                capture,
+                {"messages": upstream_body["messages"], "tools": tools},
+                {"choices": [{"message": choice["message"], "finish_reason": choice.get("finish_reason")}]},
+                metadata,
+            )
+        except CaptureContractError as exc:
+            raise MalformedUpstream(str(exc)) from None
         self.metrics.captured_tokens += len(capture.sampled_ids)
 
     def _client_error(
@@ -391,8 +400,7 @@ class CaptureProxy:
             return _json(dialect.render_response(engine, chat))
         response = _sse_response()
         await response.prepare(request)
-        for frame in dialect.render_stream(engine, chat):
-            await response.write(frame)
+        await response.write(b"".join(dialect.render_stream(engine, chat)))
         await response.write_eof()
         return response
 

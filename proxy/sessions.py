@@ -95,6 +95,7 @@ class Session:
         self.journal = journal
         self.graph = CaptureGraph()
         self.stats = SessionStats()
+        self._requests: dict[str, dict[str, Any]] = {}  # node id -> its request (shared with the graph)
 
     def budget_exhausted(self) -> bool:
         return self.config.max_model_calls is not None and self.stats.calls >= self.config.max_model_calls
@@ -117,11 +118,12 @@ class Session:
                 "new_prompt_ids": new_prompt_ids,
                 "sampled_ids": capture.sampled_ids,
                 "logprobs": capture.logprobs,
-                "request": request,
+                "request": _request_delta(request, base, self._requests.get(base) if base else None),
                 "response": response,
                 "metadata": metadata,
             }
         )
+        self._requests[node_id] = request
         self._count(capture)
         return node_id
 
@@ -191,15 +193,17 @@ class SessionRegistry:
                 prompt_ids = ends[base] + rec["new_prompt_ids"] if base is not None else rec["new_prompt_ids"]
                 capture = Capture(prompt_ids, rec["sampled_ids"], rec["logprobs"])
                 ends[rec["node_id"]] = prompt_ids + rec["sampled_ids"]
+                request = _request_from_delta(rec["request"], session._requests)
                 session.graph.add_call(
                     capture.prompt_ids,
                     capture.sampled_ids,
                     capture.logprobs,
-                    rec["request"],
+                    request,
                     rec["response"],
                     rec["metadata"],
                     node_id=rec["node_id"],
                 )
+                session._requests[rec["node_id"]] = request
                 session._count(capture)
             self._sessions[session.id] = session
         return len(self._sessions)
@@ -207,3 +211,26 @@ class SessionRegistry:
     def close(self) -> None:
         for session in self._sessions.values():
             session.journal.close()
+
+
+def _request_delta(request: dict[str, Any], base_id: str | None, base: dict[str, Any] | None) -> dict[str, Any]:
+    """The journal form of ``request``: only what is new relative to the base node's request.
+
+    An agent resends its whole history each call, so journaling full requests
+    grows with turns x history; here a call costs its new messages only.
+    """
+    messages = request["messages"]
+    if base is None or messages[: len(base["messages"])] != base["messages"]:
+        return {"base": None, "new_messages": messages, "tools": request["tools"]}
+    delta: dict[str, Any] = {"base": base_id, "new_messages": messages[len(base["messages"]) :]}
+    if request["tools"] != base["tools"]:
+        delta["tools"] = request["tools"]
+    return delta
+
+
+def _request_from_delta(delta: dict[str, Any], requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Invert ``_request_delta`` given the requests of earlier nodes."""
+    base = requests[delta["base"]] if delta["base"] is not None else None
+    if base is None:
+        return {"messages": delta["new_messages"], "tools": delta["tools"]}
+    return {"messages": base["messages"] + delta["new_messages"], "tools": delta.get("tools", base["tools"])}
