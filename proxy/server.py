@@ -369,7 +369,7 @@ class CaptureProxy:
             "model": session.model,
             "dialect": chat.dialect,
             "n_tools": len(tools),
-            "harness_session_id": request.headers.get("x-session-id") or request.headers.get("session_id"),
+            "harness_session_id": _harness_session_id(request),
             "sampling_params": {k: upstream_body[k] for k in _SAMPLING_KEYS if k in upstream_body},
             "requested_sampling_params": requested,
         }
@@ -441,3 +441,15 @@ def _budget_reply(model: str, chat: ChatRequest) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     }
+
+
+_HARNESS_SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id", "conversation_id")
+
+
+def _harness_session_id(request: web.Request) -> str | None:
+    """The agent's own session id, from whichever header its harness sends (recorded, never trusted)."""
+    for name in _HARNESS_SESSION_HEADERS:
+        value = request.headers.get(name)
+        if value:
+            return value
+    return None
