@@ -1,0 +1,110 @@
+"""Group-relative advantages with unscorable rollouts excluded from the baseline.
+
+    reward     one float per rollout, or None when the rollout is unscorable (an infrastructure
+               failure: create, wait, fetch or verify failed). None is never 0. NaN is read as None
+               (REFERENCE §3.3: "None becomes NaN").
+    baseline   mean and POPULATION std (ddof=0) over the scored rollouts of one group only
+               (AsyncGRPO's convention; sync GRPO uses Bessel's nanstd, which is larger by
+               sqrt(n/(n-1)): x1.41 for a group of 2, x1.07 for 8).
+    advantage  A = (r - mean) / (std + eps) with `scale`, else r - mean. An unscorable rollout gets
+               A = 0 and the caller makes no rows for it (it is counted in `GroupStats`, not trained).
+
+Degenerate groups carry no signal and get A = 0 for every rollout, flagged in `GroupStats`:
+  * `zero_std`: every scored reward is identical (including a single scored rollout), so std == 0
+    exactly. Without the flag, float round-off in `r - mean` divided by eps could turn "no signal"
+    into advantages of order 1e-9 / 1e-8 — so they are set to exactly 0.
+  * `all_unscorable`: no rollout was scored; mean and std are NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["GroupStats", "combine_rewards", "group_advantages", "group_metrics"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """What one group's baseline was computed from (mean/std are NaN when nothing was scored)."""
+
+    n: int
+    n_scored: int
+    mean: float
+    std: float
+    zero_std: bool
+    all_unscorable: bool
+
+    @property
+    def n_unscorable(self) -> int:
+        return self.n - self.n_scored
+
+
+def _scored(reward: float | None, i: int) -> float | None:
+    if reward is None:
+        return None
+    value = float(reward)
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        raise ValueError(f"reward[{i}] is {value}; use None for an unscorable rollout")
+    return value
+
+
+def group_advantages(
+    rewards: Sequence[float | None], *, scale: bool = True, eps: float = 1e-8
+) -> tuple[list[float], GroupStats]:
+    """Advantages for one group of rollouts of the same task, in input order.
+
+    None/NaN rewards are excluded from the mean and the (population) std and get advantage 0.
+    Zero-variance and all-unscorable groups get all zeros (see the module docstring).
+    Raises ValueError on an infinite reward.
+    """
+    values = [_scored(r, i) for i, r in enumerate(rewards)]
+    scored = [v for v in values if v is not None]
+    n, k = len(values), len(scored)
+    if k == 0:
+        return [0.0] * n, GroupStats(n, 0, math.nan, math.nan, zero_std=False, all_unscorable=True)
+    mean = math.fsum(scored) / k
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in scored) / k)
+    if min(scored) == max(scored):
+        return [0.0] * n, GroupStats(n, k, mean, 0.0, zero_std=True, all_unscorable=False)
+    denom = std + eps if scale else 1.0
+    advantages = [0.0 if v is None else (v - mean) / denom for v in values]
+    return advantages, GroupStats(n, k, mean, std, zero_std=False, all_unscorable=False)
+
+
+def combine_rewards(values: Sequence[float | None], weights: Sequence[float] | None = None) -> float | None:
+    """One rollout's reward from several reward functions: weighted nansum; all None/NaN gives None.
+
+    A function that returns None (or NaN) for this rollout is skipped, as in TRL's `nansum`.
+    """
+    if weights is not None and len(weights) != len(values):
+        raise ValueError(f"{len(weights)} weights for {len(values)} reward values")
+    total, seen = 0.0, False
+    for i, value in enumerate(values):
+        v = _scored(value, i)
+        if v is not None:
+            total += v * (1.0 if weights is None else float(weights[i]))
+            seen = True
+    return total if seen else None
+
+
+def group_metrics(groups: Sequence[tuple[Sequence[float | None], GroupStats]]) -> dict[str, float]:
+    """Step metrics over groups given as (rewards, stats).
+
+    `reward` is the mean over scored rollouts, `reward_std` the mean per-group std (groups with a
+    score), `frac_reward_zero_std` the fraction of scored groups with zero variance (TRL names);
+    `rollout/unscorable_frac` and `rollout/unscorable_groups` (groups with nothing scored) are ours.
+    """
+    scored = [v for rewards, _ in groups for i, r in enumerate(rewards) if (v := _scored(r, i)) is not None]
+    live = [s for _, s in groups if not s.all_unscorable]
+    n = sum(s.n for _, s in groups)
+    return {
+        "reward": math.fsum(scored) / len(scored) if scored else math.nan,
+        "reward_std": math.fsum(s.std for s in live) / len(live) if live else math.nan,
+        "frac_reward_zero_std": sum(s.zero_std for s in live) / len(live) if live else math.nan,
+        "rollout/unscorable_frac": (n - len(scored)) / n if n else 0.0,
+        "rollout/unscorable_groups": float(sum(s.all_unscorable for _, s in groups)),
+    }

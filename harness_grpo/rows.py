@@ -1,0 +1,216 @@
+"""Training rows: one rollout's captured sequences, stamped with its advantage and a loss weight.
+
+    row        one training sequence (a root-to-leaf path of the capture graph): the exact ids, the
+               exact loss mask (zeros inside a completion stay zeros: context tokens are never
+               trained) and the engine's behaviour logprob per position (0.0 where the mask is 0).
+               Position 0 is never trainable (no logit predicts it).
+    advantage  one per rollout, stamped on every row it produced (REFERENCE §3.3).
+    weight     the row's per-token loss weight. The loss (harness_grpo.loss) is
+
+                   L = sum_rows weight * sum_t mask_t * loss_t / normalizer,
+                   normalizer = loss_normalizer(all rows of the optimizer step)
+                              = sum_rows weight * n_trainable
+
+Weighting (the `weighting` argument):
+  * "rollout" (default): weight = 1 / T_rollout, T_rollout = trainable tokens over the rollout's
+    kept rows. Each rollout contributes the token mean of its own tokens and the normalizer is the
+    number of rollouts: L = mean over rollouts of per-rollout token means. A rollout counts once
+    however the capture split it (forks, compaction roots, K rows) and however long it is (Agent
+    Lightning's `per_rollout_mean`). A per-ROW mean (original GRPO) would count a K-row rollout K
+    times — that is the failure mode of REFERENCE §6.13.
+  * "token": weight = 1, normalizer = trainable tokens in the step: a global token mean (TRL,
+    DAPO). Long rollouts dominate the gradient. Forks do not inflate it here, because the capture
+    graph supervises a shared node once, so a forked rollout's tokens are not counted twice.
+  The per-rollout mean has the length bias Dr. GRPO describes (a long failing rollout's tokens are
+  each pushed down less); the token mean has none but lets one 40-turn rollout outweigh a dozen
+  short ones. Agent rollouts vary in length by orders of magnitude, hence the default.
+
+Dropped rows, counted in `RowStats` (never silently cut): rows whose role is not in `include_roles`
+(auxiliary and discarded paths by default), rows with no trainable token, and rows longer than
+`max_length` (dropping, not truncating: cutting from the left would orphan the context of the
+trained tokens, from the right would silently lose trained tokens). Weights are computed over the
+rows kept. Rows of an unscorable rollout are never made: the caller skips it (advantage 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from proxy.capture_graph import AGENT, TrainingSequence
+from proxy.trace import TrainingTrace, TrainingTurn
+
+__all__ = ["Row", "RowStats", "Weighting", "loss_normalizer", "rollout_rows"]
+
+Weighting = Literal["rollout", "token"]
+
+
+@dataclass(slots=True)
+class Row:
+    """One training row; `__post_init__` validates lengths, mask values and the weight.
+
+    `behaviour_logprobs` is 0.0 where the mask is 0 by the capture contract; the loss never reads
+    those positions. `policy_version` is the engine weights version stamped at group start; the
+    staleness filter (drop when current - version > max_staleness) runs at dequeue, before rows.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    advantage: float
+    weight: float
+    policy_version: int
+    rollout_id: str
+    group_id: str
+    role: str = AGENT
+    node_ids: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+    n_trainable: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if len(self.loss_mask) != n or len(self.behaviour_logprobs) != n:
+            raise ValueError(
+                f"row {self.rollout_id}: {n} ids, {len(self.loss_mask)} mask values, "
+                f"{len(self.behaviour_logprobs)} logprobs; all three must be equal"
+            )
+        if not set(self.loss_mask) <= {0, 1}:
+            raise ValueError(f"row {self.rollout_id}: loss_mask values must be 0 or 1")
+        if n and self.loss_mask[0]:
+            raise ValueError(f"row {self.rollout_id}: position 0 is trainable but no logit predicts it")
+        if not (math.isfinite(self.advantage) and math.isfinite(self.weight) and self.weight >= 0):
+            raise ValueError(f"row {self.rollout_id}: advantage {self.advantage}, weight {self.weight}")
+        self.n_trainable = sum(self.loss_mask)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass(slots=True)
+class RowStats:
+    """Counters accumulated over `rollout_rows` calls (pass one instance per step to each call)."""
+
+    rollouts: int = 0
+    rollouts_without_rows: int = 0
+    rows: int = 0
+    tokens: int = 0
+    trainable_tokens: int = 0
+    excluded_role: int = 0
+    dropped_empty: int = 0
+    dropped_too_long: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "rows/per_rollout": self.rows / self.rollouts if self.rollouts else 0.0,
+            "rows/trainable_frac": self.trainable_tokens / self.tokens if self.tokens else 0.0,
+            "rows/excluded_role": float(self.excluded_role),
+            "rows/dropped_empty": float(self.dropped_empty),
+            "rows/dropped_too_long": float(self.dropped_too_long),
+            "rows/rollouts_without_rows": float(self.rollouts_without_rows),
+        }
+
+
+def _untrain_turns(
+    seq: TrainingSequence,
+    mask: list[int],
+    logps: list[float],
+    turns: dict[str, TrainingTurn],
+    keep: Callable[[TrainingTurn], bool],
+) -> None:
+    """Zero the mask over the completions of the turns `keep` rejects (in place)."""
+    for node_id in seq.node_ids:
+        turn = turns.get(node_id)
+        if turn is None:
+            raise ValueError(f"node {node_id} of a training sequence is not in the trace")
+        if keep(turn):
+            continue
+        start = len(turn.prompt_token_ids)
+        end = start + len(turn.completion_token_ids)
+        if seq.token_ids[start:end] != turn.completion_token_ids:
+            raise ValueError(f"node {node_id}: the sequence's ids disagree with the trace's completion")
+        mask[start:end] = [0] * (end - start)
+        logps[start:end] = [0.0] * (end - start)
+
+
+def rollout_rows(
+    sequences: Sequence[TrainingSequence],
+    advantage: float,
+    *,
+    policy_version: int,
+    rollout_id: str,
+    group_id: str,
+    include_roles: Container[str] = (AGENT,),
+    train_turn: Callable[[TrainingTurn], bool] | None = None,
+    trace: TrainingTrace | None = None,
+    max_length: int | None = None,
+    weighting: Weighting = "rollout",
+    stats: RowStats | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> list[Row]:
+    """Rows for one scored rollout, one per kept sequence, in the sequences' order.
+
+    Every row gets `advantage`; weights follow `weighting` (module docstring). `train_turn`, when
+    given, is asked about every turn of `trace` that a sequence contains; a rejected turn's
+    completion becomes context (mask 0) — the hook of REFERENCE §3.1 (`train_turn_fn`). Rows
+    without a trainable token, of an excluded role, or longer than `max_length` are dropped and
+    counted in `stats`. Raises ValueError on malformed sequences.
+    """
+    if train_turn is not None and trace is None:
+        raise ValueError("train_turn needs the rollout's trace to locate each turn's completion")
+    turns = {turn.node_id: turn for turn in trace.turns} if trace is not None else {}
+    stats = stats if stats is not None else RowStats()
+    stats.rollouts += 1
+    kept: list[tuple[TrainingSequence, list[int], list[float]]] = []
+    for seq in sequences:
+        if seq.role not in include_roles:
+            stats.excluded_role += 1
+            continue
+        mask, logps = list(seq.loss_mask), list(seq.logprobs)
+        if train_turn is not None:
+            _untrain_turns(seq, mask, logps, turns, train_turn)
+        if max_length is not None and len(seq.token_ids) > max_length:
+            stats.dropped_too_long += 1
+            continue
+        if not any(mask):
+            stats.dropped_empty += 1
+            continue
+        kept.append((seq, mask, logps))
+    rows = [
+        Row(
+            input_ids=list(seq.token_ids),
+            loss_mask=mask,
+            behaviour_logprobs=logps,
+            advantage=float(advantage),
+            weight=1.0,
+            policy_version=policy_version,
+            rollout_id=rollout_id,
+            group_id=group_id,
+            role=seq.role,
+            node_ids=tuple(seq.node_ids),
+            metadata=dict(metadata or {}),
+        )
+        for seq, mask, logps in kept
+    ]
+    total = sum(row.n_trainable for row in rows)
+    if weighting == "rollout":
+        for row in rows:
+            row.weight = 1.0 / total
+    elif weighting != "token":
+        raise ValueError(f"weighting must be 'rollout' or 'token', not {weighting!r}")
+    stats.rows += len(rows)
+    stats.rollouts_without_rows += not rows
+    stats.tokens += sum(len(row) for row in rows)
+    stats.trainable_tokens += total
+    return rows
+
+
+def loss_normalizer(rows: Sequence[Row]) -> float:
+    """The step's loss denominator: sum of weight * trainable tokens over ALL rows of the step.
+
+    With "rollout" weighting it is the number of rollouts, with "token" the number of trainable
+    tokens. Pass the same value to every micro-batch of the step, so summed micro-batch losses are
+    the step loss whatever the packing.
+    """
+    return math.fsum(row.weight * row.n_trainable for row in rows)
