@@ -447,3 +447,33 @@ def _path_tokens(path: list[tuple[_Node, list[int]]]) -> list[int]:
         tokens += ctx
         tokens += node.sampled
     return tokens
+
+
+def sequences_from_trace(trace: TrainingTrace) -> list[TrainingSequence]:
+    """The training sequences of any ``TrainingTrace`` (ours or another producer's), masks kept exactly.
+
+    Turns are re-linked by the same exact-prefix rule in their arrival order (``metadata.index``
+    when present), so a trace fetched from the proxy yields the sequences the proxy would export.
+    A turn's completion mask is applied as given: positions with mask 0 inside a completion stay
+    context (0, logprob 0.0) in every sequence that contains the turn.
+    """
+    graph = CaptureGraph()
+    turns = sorted(enumerate(trace.turns), key=lambda it: (it[1].metadata.get("index", it[0]), it[0]))
+    masks: dict[str, tuple[int, list[int]]] = {}
+    for _, turn in turns:
+        n_prompt = len(turn.prompt_token_ids)
+        completion_mask = turn.loss_mask[n_prompt:]
+        logprobs = list(turn.per_token_logps) if any(completion_mask) else None
+        graph.add_call(turn.prompt_token_ids, turn.completion_token_ids, logprobs, turn.request, node_id=turn.node_id)
+        if logprobs is not None and not all(completion_mask):
+            masks[turn.node_id] = (n_prompt, completion_mask)
+    sequences = graph.training_sequences()
+    for seq in sequences:
+        for node_id in seq.node_ids:
+            if node_id in masks:
+                start, completion_mask = masks[node_id]
+                for offset, keep in enumerate(completion_mask):
+                    if not keep:
+                        seq.loss_mask[start + offset] = 0
+                        seq.logprobs[start + offset] = 0.0
+    return sequences

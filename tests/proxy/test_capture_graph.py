@@ -447,3 +447,25 @@ def test_256_turn_session_builds_and_exports_fast() -> None:
     assert traced - start < 2.0
     assert len(sequences) == 1 and sequences[0].token_ids == calls[-1].end
     assert trace.turns[-1].prompt_token_ids == calls[-1].prompt
+
+
+def test_sequences_from_trace_matches_graph_and_keeps_partial_masks() -> None:
+    from proxy.capture_graph import sequences_from_trace
+
+    graph = CaptureGraph()
+    graph.add_call([10, 11], [12, 13, 14], [-0.1, -0.2, -0.3])
+    graph.add_call([10, 11, 12, 13, 14, 15], [16, 17], [-0.4, -0.5])
+    graph.add_call([20, 21], [22], [-0.6])  # a second root (a rewrite)
+    trace = graph.to_training_trace()
+    rebuilt = sequences_from_trace(trace)
+    assert [(s.token_ids, s.loss_mask, s.logprobs, s.role) for s in rebuilt] == [
+        (s.token_ids, s.loss_mask, s.logprobs, s.role) for s in graph.training_sequences()
+    ]
+    # A producer that masks a token inside a completion (REFERENCE §2.2: train 12 and 14, keep 13 as context).
+    data = trace.model_dump()
+    first = next(t for t in data["turns"] if t["prompt_token_ids"] == [10, 11])
+    first["loss_mask"] = [0, 0, 1, 0, 1]
+    partial = sequences_from_trace(TrainingTrace.model_validate(data))
+    path = next(s for s in partial if s.token_ids[:2] == [10, 11])
+    assert path.loss_mask == [0, 0, 1, 0, 1, 0, 1, 1]
+    assert path.logprobs == [0.0, 0.0, -0.1, 0.0, -0.3, 0.0, -0.4, -0.5]
