@@ -14,7 +14,11 @@ from harness_grpo.engine.server import EngineServer
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(prog="python -m harness_grpo.engine", description=__doc__)
-    parser.add_argument("--model", default=TINY, help="model path or hub id; 'tiny' builds the tiny Qwen3 model")
+    parser.add_argument(
+        "--model",
+        default=TINY,
+        help="model path or hub id; 'tiny' / 'tiny-warm' build the tiny Qwen3 model (warm-started)",
+    )
     parser.add_argument("--served-model-name", default=None, help="name clients send as 'model'")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at startup)")

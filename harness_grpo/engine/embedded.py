@@ -38,16 +38,20 @@ from harness_grpo.engine.sampling import SamplingParams
 from harness_grpo.engine.tokens import TokenBytes
 from harness_grpo.engine.weights import check_state_dict, copy_state_dict
 from harness_grpo.tiny_model import SERVED_MODEL_NAME, tiny_model_path
+from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
 
 logger = logging.getLogger(__name__)
 
 TINY = "tiny"
+TINY_WARM = "tiny-warm"
 
 
-def _resolve_model(model: str | Path) -> tuple[str, str]:
-    """``(path or hub id, default served name)``; ``"tiny"`` builds the tiny model."""
+def resolve_model(model: str | Path) -> tuple[str, str]:
+    """``(path or hub id, default served name)``; ``"tiny"``/``"tiny-warm"`` build the tiny model (warm-started)."""
     if str(model) == TINY:
         return str(tiny_model_path()), SERVED_MODEL_NAME
+    if str(model) == TINY_WARM:
+        return str(warm_tiny_model_path()), SERVED_MODEL_NAME
     return str(model), str(model)
 
 
@@ -65,7 +69,7 @@ class EmbeddedEngine:
         num_threads: int = 1,
         dtype: torch.dtype | None = None,
     ) -> None:
-        path, default_name = _resolve_model(model)
+        path, default_name = resolve_model(model)
         self.model_path = path
         self.served_model_name = served_model_name or default_name
         self.tokenizer = AutoTokenizer.from_pretrained(path)

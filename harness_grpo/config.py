@@ -1,0 +1,110 @@
+"""``HarnessGRPOConfig``: every trainer setting, documented once, here.
+
+It extends ``transformers.TrainingArguments``, so ``output_dir``,
+``learning_rate``, ``lr_scheduler_type``, ``max_steps``, ``logging_steps``,
+``save_steps``, ``report_to``, ``seed``, ``bf16`` ... behave as in any
+Hugging Face trainer and parse from flags or YAML through ``HfArgumentParser``.
+
+Batch shape: one optimizer step consumes ``groups_per_step`` complete groups
+of ``num_generations`` rollouts of one dataset row each. A rollout becomes one
+or more rows (one per training sequence of its trace); rows are packed into
+micro-batches of at most ``max_tokens_per_microbatch`` tokens, and gradients
+accumulate over all of a step's micro-batches, so ``per_device_train_batch_size``
+and ``gradient_accumulation_steps`` are not used to size steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+
+@dataclass
+class HarnessGRPOConfig(TrainingArguments):
+    """Settings of ``HarnessAsyncGRPOTrainer`` (see the module docstring for the batch shape)."""
+
+    # --- rollouts ---------------------------------------------------------------------------------------------------
+    num_generations: int = field(default=8, metadata={"help": "Rollouts per dataset row (the GRPO group size)."})
+    groups_per_step: int = field(default=1, metadata={"help": "Complete groups consumed per optimizer step."})
+    max_concurrent_rollouts: int = field(
+        default=-1,
+        metadata={"help": "Agent sessions in flight at once; -1: num_generations * groups_per_step * 2."},
+    )
+    max_staleness: int = field(
+        default=4,
+        metadata={
+            "help": "Drop a group whose policy version (stamped when its first rollout started) is more than this "
+            "many weight syncs behind the trainer when consumed; queue time counts. 0: strictly on-policy."
+        },
+    )
+    rollout_timeout_s: float = field(
+        default=600.0,
+        metadata={"help": "Wall-clock limit per agent session; a timed-out session keeps its tokens and reward."},
+    )
+    max_model_calls: int | None = field(
+        default=None,
+        metadata={"help": "Per-session model-call budget enforced by the proxy (None: unlimited)."},
+    )
+    max_completion_length: int = field(
+        default=1024,
+        metadata={"help": "Most tokens sampled per model call (per turn, as in TRL AsyncGRPO), enforced by the proxy."},
+    )
+    max_sequence_length: int = field(
+        default=32768,
+        metadata={"help": "Training rows longer than this are dropped and counted, never cut."},
+    )
+    train_roles: tuple[str, ...] = field(
+        default=("agent",),
+        metadata={"help": "Capture-graph path roles that become training rows (agent, auxiliary, discarded)."},
+    )
+
+    # --- sampling (the policy every session pins) --------------------------------------------------------------------
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; the loss uses the same."})
+
+    # --- engine -----------------------------------------------------------------------------------------------------
+    vllm_server_base_url: str | None = field(
+        default=None,
+        metadata={"help": "A vLLM server (NCCL weight sync). None: the embedded CPU engine, in-process."},
+    )
+    engine_model: str | None = field(
+        default=None,
+        metadata={"help": "What the embedded engine loads; None: the trainer's model."},
+    )
+    engine_num_threads: int = field(default=1, metadata={"help": "torch threads of the embedded engine (0: all)."})
+
+    # --- loss -------------------------------------------------------------------------------------------------------
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range of the surrogate ratio."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip range; None: epsilon."})
+    importance_sampling: str = field(
+        default="token_tis",
+        metadata={
+            "help": "Correction of the trainer/engine mismatch: 'token_tis' (truncated weight), 'token_mask' "
+            "(drop tokens outside [1/cap, cap]) or 'off'."
+        },
+    )
+    importance_sampling_cap: float = field(default=2.0, metadata={"help": "Cap of the token IS weight."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient to the initial policy; 0: no reference."})
+    scale_rewards: bool = field(default=True, metadata={"help": "Divide group advantages by the group's std."})
+    max_tokens_per_microbatch: int = field(default=16384, metadata={"help": "Token budget of one packed micro-batch."})
+
+    # --- weight sync ------------------------------------------------------------------------------------------------
+    weight_sync_steps: int = field(default=1, metadata={"help": "Push weights to the engine every N steps."})
+    weight_sync_timeout_s: float = field(default=300.0, metadata={"help": "Limit of every wait in a weight sync."})
+
+    # --- logging ----------------------------------------------------------------------------------------------------
+    log_completions: bool = field(default=False, metadata={"help": "Print one sampled completion per step."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be >= 2: GRPO compares rollouts of one task")
+        if self.max_concurrent_rollouts == -1:
+            self.max_concurrent_rollouts = self.num_generations * self.groups_per_step * 2
+        if self.max_concurrent_rollouts < self.num_generations:
+            raise ValueError("max_concurrent_rollouts must hold at least one group (num_generations)")
+        if self.importance_sampling not in ("token_tis", "token_mask", "off"):
+            raise ValueError("importance_sampling must be 'token_tis', 'token_mask' or 'off'")
+        if not self.temperature > 0:
+            raise ValueError("temperature must be > 0")
+        self.train_roles = tuple(self.train_roles)

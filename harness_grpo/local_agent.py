@@ -1,0 +1,159 @@
+"""Sessions that run a black-box agent program as a local process.
+
+``LocalAgentSessionFactory`` is the simplest loop-owning harness: each session
+gets a fresh scratch directory and a proxy session whose key is handed to the
+agent as its API key (``OPENAI_API_KEY``/``ANTHROPIC_API_KEY``, with
+``OPENAI_BASE_URL`` = proxy ``/v1`` and ``ANTHROPIC_BASE_URL`` = proxy root);
+the agent owns its loop and talks only HTTP. ``verify`` runs the task's
+verifier on the scratch directory after the agent ended: the reward comes
+from the end state, never from what the agent reports.
+
+Build it through the trainer, which supplies ``sampling`` and ``proxy``::
+
+    factory = functools.partial(LocalAgentSessionFactory, command=[...], verifier=my_verifier)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness_grpo.session_protocol import ProxyEndpoint, VerifyResult
+from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.trace import TrainingTrace
+
+Verifier = Callable[[Path, Mapping[str, Any]], float | None]
+"""``verifier(workdir, task) -> reward`` (None: could not score)."""
+Setup = Callable[[Path, Mapping[str, Any]], None]
+"""``setup(workdir, task)`` prepares the scratch directory before the agent starts."""
+
+
+class LocalAgentSession:
+    """One agent process on one task (see the module docstring)."""
+
+    def __init__(
+        self,
+        factory: LocalAgentSessionFactory,
+        task: Mapping[str, Any],
+        *,
+        seed: int,
+        episode_id: str,
+    ) -> None:
+        self.task = task
+        self._factory = factory
+        self._admin = factory.admin
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"agent-{episode_id[:8]}-", dir=factory.workdir_root))
+        self.session_id: str | None = None
+        self._log = None
+        self.process: subprocess.Popen | None = None
+        try:
+            if factory.setup is not None:
+                factory.setup(self.workdir, task)
+            self.session_id = self._admin.create_session(
+                purpose="train",
+                sampling=factory.sampling,
+                max_model_calls=factory.max_model_calls,
+                max_output_tokens=factory.max_output_tokens,
+                metadata={"episode_id": episode_id, "seed": seed},
+            )
+            env = {
+                **os.environ,
+                **factory.env,
+                "OPENAI_BASE_URL": f"{factory.proxy.base_url}/v1",
+                "OPENAI_API_KEY": self.session_id,
+                "ANTHROPIC_BASE_URL": factory.proxy.base_url,
+                "ANTHROPIC_API_KEY": self.session_id,
+                "HARNESS_MODEL": factory.model_name,
+                "HARNESS_SEED": str(seed),
+            }
+            prompt = str(task.get("prompt", ""))
+            command = [part.replace("{prompt}", prompt) for part in factory.command]
+            self._log = (self.workdir.parent / f"{self.workdir.name}.log").open("wb")
+            self.process = subprocess.Popen(
+                command, cwd=self.workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            raise TimeoutError(f"agent did not finish within {timeout_s} s") from None
+
+    def fetch_training_trace(self) -> TrainingTrace:
+        assert self.session_id is not None
+        return self._admin.trace(self.session_id)
+
+    def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
+        return VerifyResult(env_reward=self._factory.verifier(self.workdir, self.task))
+
+    def agent_log(self) -> str:
+        """What the agent printed (for debugging failed rollouts)."""
+        path = self.workdir.parent / f"{self.workdir.name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, 9)
+            self.process.wait()
+
+    def close(self) -> None:
+        self._kill()
+        if self._log is not None:
+            self._log.close()
+            Path(self._log.name).unlink(missing_ok=True)
+            self._log = None
+        if self.session_id is not None:
+            with contextlib.suppress(ProxyClientError):  # closing must not mask the rollout's own outcome
+                self._admin.delete(self.session_id)
+            self.session_id = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class LocalAgentSessionFactory:
+    """Creates ``LocalAgentSession``s; the trainer passes ``sampling`` and ``proxy``.
+
+    ``command`` is the agent's argv; ``{prompt}`` in any part is replaced by
+    the task's ``prompt``. ``env`` adds variables for the agent process.
+    """
+
+    def __init__(
+        self,
+        *,
+        command: Sequence[str],
+        verifier: Verifier,
+        sampling: dict[str, Any],
+        proxy: ProxyEndpoint,
+        setup: Setup | None = None,
+        model_name: str = "tiny",
+        max_model_calls: int | None = None,
+        max_output_tokens: int | None = None,
+        env: Mapping[str, str] | None = None,
+        workdir_root: str | None = None,
+    ) -> None:
+        self.command = list(command)
+        self.verifier = verifier
+        self.setup = setup
+        self.sampling = dict(sampling)
+        self.proxy = proxy
+        self.admin = ProxyAdminClient(proxy.base_url, proxy.admin_key)
+        self.model_name = model_name
+        self.max_model_calls = max_model_calls
+        self.max_output_tokens = max_output_tokens
+        self.env = dict(env or {})
+        self.workdir_root = workdir_root
+
+    def create(self, task: Mapping[str, Any], *, seed: int, episode_id: str) -> LocalAgentSession:
+        """Start the agent on ``task`` (its proxy session is created first)."""
+        return LocalAgentSession(self, task, seed=seed, episode_id=episode_id)

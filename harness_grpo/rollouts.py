@@ -1,0 +1,231 @@
+"""Asynchronous rollout production: groups of agent sessions in flight while the trainer trains.
+
+Contract: ``RolloutProducer`` runs on an asyncio loop (the trainer's service
+thread). It walks the dataset from ``start_position``, and for each row starts
+a group of ``num_generations`` sessions (same task, same seed) as soon as a
+slot is free, keeping at most ``max_concurrent_rollouts`` sessions in flight
+and at most ``max_groups_ahead`` finished-but-unconsumed or running groups.
+Each group is stamped with the policy version current when it started; the
+consumer (``get``) receives complete groups in completion order.
+
+One rollout (``run_rollout``, on a worker thread, blocking calls only):
+create → wait (``TimeoutError``: ``timed_out``, tokens and reward kept) →
+fetch trace → verify → close (always). A failure to create, wait, fetch or
+verify makes the rollout unscorable (``error`` set, reward None). A trace
+that breaks the capture contract (``CaptureContractError``) is fatal: the
+producer stops and ``get`` raises it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness_grpo.session_protocol import (
+    HarnessRolloutOutcome,
+    HarnessSession,
+    last_completion,
+    summarize_tools,
+)
+from proxy.trace import CaptureContractError
+
+log = logging.getLogger(__name__)
+
+
+class ProducerError(RuntimeError):
+    """The rollout producer stopped on a fatal error (see ``__cause__``)."""
+
+
+@dataclass
+class RolloutGroup:
+    """All rollouts of one dataset row."""
+
+    group_id: str
+    row_index: int
+    task: dict[str, Any]
+    policy_version: int
+    started_at: float
+    outcomes: list[HarnessRolloutOutcome] = field(default_factory=list)
+    finished_at: float = 0.0
+
+
+def run_rollout(factory: Any, task: dict[str, Any], *, seed: int, timeout_s: float) -> HarnessRolloutOutcome:
+    """One session from create to close (see the module contract)."""
+    episode_id = uuid.uuid4().hex
+    try:
+        session: HarnessSession = factory.create(task, seed=seed, episode_id=episode_id)
+    except Exception as exc:
+        return HarnessRolloutOutcome(None, "", None, error=f"create failed: {type(exc).__name__}: {exc}")
+    try:
+        if not isinstance(session, HarnessSession):
+            raise TypeError(f"{type(session).__name__} does not implement the HarnessSession protocol")
+        timed_out, exit_code = False, None
+        try:
+            exit_code = session.wait_for_completion(timeout_s)
+        except TimeoutError:
+            timed_out = True
+        except Exception as exc:
+            return HarnessRolloutOutcome(None, "", None, error=f"wait failed: {type(exc).__name__}: {exc}")
+        try:
+            trace = session.fetch_training_trace()
+        except CaptureContractError:
+            raise
+        except Exception as exc:
+            return HarnessRolloutOutcome(None, "", None, timed_out=timed_out, error=f"fetch failed: {exc}")
+        completion = last_completion(trace)
+        try:
+            verdict = session.verify(completion)
+        except Exception as exc:
+            return HarnessRolloutOutcome(None, completion, trace, timed_out=timed_out, error=f"verify failed: {exc}")
+        calls, failures, by_name = summarize_tools(trace)
+        return HarnessRolloutOutcome(
+            env_reward=verdict.env_reward,
+            completion=completion,
+            trace=trace,
+            tool_call_count=calls,
+            tool_failure_count=failures,
+            tool_calls_by_name=by_name,
+            timed_out=timed_out,
+            exit_code=exit_code,
+            metrics=dict(verdict.metrics),
+        )
+    finally:
+        try:
+            session.close()
+        except Exception as exc:  # a failed close must not hide the rollout's outcome
+            log.warning("session close failed: %s", exc)
+
+
+class RolloutProducer:
+    """Keeps groups of sessions in flight on an event loop; see the module contract."""
+
+    def __init__(
+        self,
+        factory: Any,
+        dataset: Sequence[dict[str, Any]],
+        *,
+        num_generations: int,
+        max_concurrent_rollouts: int,
+        max_groups_ahead: int,
+        rollout_timeout_s: float,
+        policy_version: Callable[[], int],
+        start_position: int = 0,
+        seed: int = 0,
+    ) -> None:
+        if len(dataset) == 0:
+            raise ValueError("the training dataset is empty")
+        self.factory = factory
+        self.dataset = dataset
+        self.num_generations = num_generations
+        self.max_concurrent_rollouts = max_concurrent_rollouts
+        self.max_groups_ahead = max_groups_ahead
+        self.rollout_timeout_s = rollout_timeout_s
+        self.policy_version = policy_version
+        self.position = start_position
+        self.seed = seed
+        self._done: queue.Queue[RolloutGroup] = queue.Queue()
+        self._pending_groups = 0  # running or finished and not yet consumed
+        self._pending_lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._executor = ThreadPoolExecutor(max_workers=max_concurrent_rollouts, thread_name_prefix="rollout")
+        self._stopping = False
+        self.dropped_stale = 0
+        self._task: asyncio.Future | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Begin producing on ``loop`` (which runs on another thread)."""
+        self._task = asyncio.run_coroutine_threadsafe(self._produce(), loop)
+
+    def stop(self) -> None:
+        """Start no new sessions; running ones finish in the background and are discarded."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def get(self, timeout_s: float) -> RolloutGroup:
+        """The next complete group; raises ``ProducerError`` if production failed, ``TimeoutError`` if none came."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._error is not None:
+                raise ProducerError(f"rollout production stopped: {self._error}") from self._error
+            try:
+                group = self._done.get(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"no rollout group finished within {timeout_s} s") from None
+                continue
+            with self._pending_lock:
+                self._pending_groups -= 1
+            return group
+
+    def take(self, n: int, *, current_version: int, max_staleness: int, timeout_s: float) -> list[RolloutGroup]:
+        """``n`` fresh groups, dropping (and counting in ``dropped_stale``) any whose policy version is more
+        than ``max_staleness`` behind ``current_version``; queue time counts, since the version is the one
+        stamped when the group started."""
+        groups: list[RolloutGroup] = []
+        while len(groups) < n:
+            group = self.get(timeout_s)
+            if current_version - group.policy_version > max_staleness:
+                self.dropped_stale += 1
+                continue
+            groups.append(group)
+        return groups
+
+    async def _produce(self) -> None:
+        slots = asyncio.Semaphore(self.max_concurrent_rollouts)
+        groups: set[asyncio.Task] = set()
+        try:
+            while not self._stopping:
+                while self._pending_groups >= self.max_groups_ahead and not self._stopping:
+                    await asyncio.sleep(0.02)
+                row_index = self.position
+                self.position += 1
+                task = dict(self.dataset[row_index % len(self.dataset)])
+                group = RolloutGroup(
+                    group_id=f"g{row_index}",
+                    row_index=row_index,
+                    task=task,
+                    policy_version=self.policy_version(),
+                    started_at=time.monotonic(),
+                )
+                with self._pending_lock:
+                    self._pending_groups += 1
+                runner = asyncio.ensure_future(self._run_group(group, slots))
+                groups.add(runner)
+                runner.add_done_callback(groups.discard)
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            for runner in groups:
+                runner.cancel()
+            raise
+
+    async def _run_group(self, group: RolloutGroup, slots: asyncio.Semaphore) -> None:
+        loop = asyncio.get_running_loop()
+        seed = self.seed * 1_000_003 + group.row_index
+
+        async def one() -> HarnessRolloutOutcome:
+            async with slots:
+                return await loop.run_in_executor(
+                    self._executor,
+                    lambda: run_rollout(self.factory, group.task, seed=seed, timeout_s=self.rollout_timeout_s),
+                )
+
+        try:
+            group.outcomes = list(await asyncio.gather(*(one() for _ in range(self.num_generations))))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # CaptureContractError or a bug: fatal for training
+            self._error = exc
+            self._stopping = True
+            return
+        group.finished_at = time.monotonic()
+        self._done.put(group)

@@ -1,0 +1,458 @@
+"""``HarnessAsyncGRPOTrainer``: async GRPO on exactly the tokens black-box agents sampled.
+
+Processes and threads: the trainer (main thread) optimises; a service thread
+runs one asyncio loop with the capture proxy, the embedded engine's HTTP
+server (when no vLLM URL is given; its compute runs on its own thread) and the
+``RolloutProducer``, whose agent sessions block on worker threads. Sessions
+reach the model only through the proxy, which records every call.
+
+A step: take ``groups_per_step`` complete groups (dropping groups more than
+``max_staleness`` policy versions old, counted); score each rollout with
+``rollout_reward_fn(outcome)`` (default: the verifier's ``env_reward``; a
+rollout that failed to run is None, i.e. unscorable); group advantages with
+None excluded; rows from each scored rollout's trace (``sequences_from_trace``
+→ ``rollout_rows``); pack; clipped surrogate + token IS; one optimizer step;
+every ``weight_sync_steps`` push the weights to the engine and bump the
+policy version. Metrics go to ``report_to`` through transformers' reporting
+callbacks and to a rich progress line; checkpoints hold model, optimizer,
+scheduler, RNG, dataset position and policy version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler, set_seed
+from transformers.integrations import get_reporting_integration_callbacks
+from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
+
+from harness_grpo.advantages import group_advantages, group_metrics
+from harness_grpo.config import HarnessGRPOConfig
+from harness_grpo.engine.embedded import TINY, TINY_WARM, EmbeddedEngine, resolve_model
+from harness_grpo.engine.server import EngineServer
+from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
+from harness_grpo.packing import pack_rows
+from harness_grpo.rollout_metrics import outcome_metrics
+from harness_grpo.rollouts import RolloutGroup, RolloutProducer
+from harness_grpo.rows import RowStats, loss_normalizer, rollout_rows
+from harness_grpo.session_protocol import HarnessRolloutOutcome, ProxyEndpoint
+from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync
+from proxy.capture_graph import sequences_from_trace
+from proxy.server import CaptureProxy, ProxyConfig
+
+log = logging.getLogger(__name__)
+console = Console()
+
+RewardFn = Callable[[HarnessRolloutOutcome], float | None]
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_STATE = "harness_trainer_state.json"
+
+
+class ServiceLoop:
+    """An asyncio loop on a daemon thread; ``run(coro)`` waits for a coroutine's result from any thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="harness-services", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any, timeout_s: float = 600.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def _default_reward(outcome: HarnessRolloutOutcome) -> float | None:
+    return outcome.env_reward
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The highest-numbered complete ``checkpoint-N`` under ``output_dir``."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := CHECKPOINT_RE.match(p.name)) and (p / TRAINER_STATE).exists()
+    ]
+    return max(found)[1] if found else None
+
+
+class HarnessAsyncGRPOTrainer:
+    """Async GRPO for loop-owning agents (see the module docstring).
+
+    ``model``: a hub id or path (``"tiny"``/``"tiny-warm"``: the embedded default), or a loaded model.
+    ``harness_session_factory``: a callable the trainer calls as
+    ``harness_session_factory(sampling=..., proxy=ProxyEndpoint, max_model_calls=..., max_output_tokens=...)``
+    to get an object with ``create(task, *, seed, episode_id) -> HarnessSession`` — e.g.
+    ``functools.partial(LocalAgentSessionFactory, command=[...], verifier=...)``.
+    ``train_dataset``: a sequence of task dicts (a ``datasets.Dataset`` works); rows are cycled.
+    ``rollout_reward_fn``: ``outcome -> float | None``; default: the verifier's ``env_reward``.
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        harness_session_factory: Callable[..., Any],
+        args: HarnessGRPOConfig,
+        train_dataset: Sequence[dict[str, Any]],
+        rollout_reward_fn: RewardFn | None = None,
+        processing_class: Any = None,
+    ) -> None:
+        if args.max_steps <= 0:
+            raise ValueError("set args.max_steps > 0: rollouts stream, so training is sized in steps, not epochs")
+        self.args = args
+        set_seed(args.seed)
+        if isinstance(model, str):
+            self.model_path, _ = resolve_model(model)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        else:
+            self.model = model
+            self.model_path = getattr(model, "name_or_path", None)
+        self.tokenizer = processing_class or AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.train_dataset = train_dataset
+        self.harness_session_factory = harness_session_factory
+        self.reward_fn = rollout_reward_fn or _default_reward
+        self.reward_name = (
+            "env_reward" if rollout_reward_fn is None else getattr(rollout_reward_fn, "__name__", "reward")
+        )
+        self.device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+        self.model.to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            weight_decay=args.weight_decay,
+        )
+        self.lr_scheduler = get_scheduler(
+            args.lr_scheduler_type,
+            self.optimizer,
+            num_warmup_steps=args.get_warmup_steps(args.max_steps),
+            num_training_steps=args.max_steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
+        )
+        self.loss_config = LossConfig(
+            epsilon=args.epsilon,
+            epsilon_high=args.epsilon_high,
+            importance_sampling=args.importance_sampling,
+            is_cap=args.importance_sampling_cap,
+            beta=args.beta,
+        )
+        self.reference = None
+        if args.beta > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+            self.reference.requires_grad_(False)
+        self.state = TrainerState(
+            max_steps=args.max_steps, logging_steps=args.logging_steps, save_steps=args.save_steps
+        )
+        self.control = TrainerControl()
+        self.callback_handler = CallbackHandler(
+            [DefaultFlowCallback, *get_reporting_integration_callbacks(args.report_to)],
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.lr_scheduler,
+        )
+        self.policy_version = 0
+        self.dataset_position = 0
+        self.dropped_stale = 0
+
+    # --- services ---------------------------------------------------------------------------------------------------
+
+    def _start_services(self) -> None:
+        args = self.args
+        self.services = ServiceLoop()
+        self.engine: EmbeddedEngine | None = None
+        self.engine_server: EngineServer | None = None
+        if args.vllm_server_base_url is None:
+            engine_model = args.engine_model or self.model_path
+            if engine_model in (TINY, TINY_WARM):
+                engine_model = resolve_model(engine_model)[0]
+            self.engine = EmbeddedEngine(engine_model, num_threads=args.engine_num_threads).start()
+            self.engine_server = EngineServer(self.engine)
+            engine_url = self.services.run(self.engine_server.start())
+            self.weight_sync = EmbeddedWeightSync(
+                self.engine, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
+            )
+        else:
+            engine_url = args.vllm_server_base_url
+            self.weight_sync = VLLMNCCLWeightSync(
+                engine_url, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
+            )
+        self.proxy = CaptureProxy(
+            ProxyConfig(engine_url=engine_url, journal_dir=Path(args.output_dir) / "proxy_journal", port=0)
+        )
+        port = self.services.run(self.proxy.start())
+        self.proxy_endpoint = ProxyEndpoint(f"http://127.0.0.1:{port}", self.proxy.admin_key)
+        self.session_factory = self.harness_session_factory(
+            sampling={"temperature": args.temperature},
+            proxy=self.proxy_endpoint,
+            max_model_calls=args.max_model_calls,
+            max_output_tokens=args.max_completion_length,
+        )
+
+    def _stop_services(self) -> None:
+        services = getattr(self, "services", None)
+        if services is None:
+            return
+        try:
+            services.run(self.proxy.stop(), 30)
+            if self.engine_server is not None:
+                services.run(self.engine_server.stop(), 30)
+        finally:
+            if self.engine is not None:
+                self.engine.stop()
+            self.weight_sync.close()
+            services.close()
+            self.services = None
+
+    # --- training -------------------------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
+        """Run until ``args.max_steps``; returns the last logged metrics."""
+        args = self.args
+        checkpoint = (
+            latest_checkpoint(args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint or None
+        )
+        if checkpoint:
+            self._load_checkpoint(Path(checkpoint))
+        if self.device.type == "cpu" and args.vllm_server_base_url is None:
+            torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores
+        self._start_services()
+        producer = RolloutProducer(
+            self.session_factory,
+            self.train_dataset,
+            num_generations=args.num_generations,
+            max_concurrent_rollouts=args.max_concurrent_rollouts,
+            max_groups_ahead=max(args.groups_per_step * 2, args.max_concurrent_rollouts // args.num_generations),
+            rollout_timeout_s=args.rollout_timeout_s,
+            policy_version=lambda: self.policy_version,
+            start_position=self.dataset_position,
+            seed=args.seed,
+        )
+        last: dict[str, float] = {}
+        dropped_before = self.dropped_stale
+        try:
+            if checkpoint:  # a fresh engine holds the base weights; give it the checkpoint's
+                self.policy_version = self.weight_sync.sync(self.model)
+            self.callback_handler.on_train_begin(args, self.state, self.control)
+            producer.start(self.services.loop)
+            while self.state.global_step < args.max_steps:
+                started = time.monotonic()
+                groups = producer.take(
+                    args.groups_per_step,
+                    current_version=self.policy_version,
+                    max_staleness=args.max_staleness,
+                    timeout_s=args.rollout_timeout_s * 2 + 60,
+                )
+                self.dropped_stale = dropped_before + producer.dropped_stale
+                metrics = self._train_step(groups)
+                self.state.global_step += 1
+                self.dataset_position = max(g.row_index for g in groups) + 1
+                if self.state.global_step % args.weight_sync_steps == 0:
+                    sync_started = time.monotonic()
+                    self.policy_version = self.weight_sync.sync(self.model)
+                    metrics["weight_sync_time_s"] = time.monotonic() - sync_started
+                metrics["policy_version"] = float(self.policy_version)
+                metrics["step_time_s"] = time.monotonic() - started
+                last = metrics
+                if self.state.global_step % args.logging_steps == 0 or self.state.global_step == 1:
+                    self._log(metrics)
+                if args.save_steps and self.state.global_step % int(args.save_steps) == 0:
+                    self._save_checkpoint()
+            self.callback_handler.on_train_end(args, self.state, self.control)
+        finally:
+            producer.stop()
+            self._stop_services()
+        return last
+
+    def _reward(self, outcome: HarnessRolloutOutcome) -> float | None:
+        if outcome.error is not None or outcome.trace is None:
+            return None
+        reward = self.reward_fn(outcome)
+        return None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else float(reward)
+
+    def _train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        args = self.args
+        now = time.monotonic()
+        outcomes: list[HarnessRolloutOutcome] = []
+        rewards: list[float | None] = []
+        group_stats = []
+        rows = []
+        row_stats = RowStats()
+        for group in groups:
+            group_rewards = [self._reward(o) for o in group.outcomes]
+            advantages, stats = group_advantages(group_rewards, scale=args.scale_rewards)
+            group_stats.append((group_rewards, stats))
+            outcomes += group.outcomes
+            rewards += group_rewards
+            for index, (outcome, reward, advantage) in enumerate(
+                zip(group.outcomes, group_rewards, advantages, strict=True)
+            ):
+                if reward is None:
+                    continue
+                rows += rollout_rows(
+                    sequences_from_trace(outcome.trace),
+                    advantage,
+                    policy_version=group.policy_version,
+                    rollout_id=f"{group.group_id}-{index}",
+                    group_id=group.group_id,
+                    include_roles=args.train_roles,
+                    max_length=min(args.max_sequence_length, args.max_tokens_per_microbatch),
+                    stats=row_stats,
+                )
+        metrics = {
+            **outcome_metrics(outcomes, rewards, self.reward_name),
+            **group_metrics(group_stats),
+            **row_stats.metrics(),
+            "staleness/mean": float(np.mean([self.policy_version - g.policy_version for g in groups])),
+            "staleness/dropped_groups": float(self.dropped_stale),
+            "queue_wait_time_s": float(np.mean([now - g.finished_at for g in groups])),
+            "rollout/group_time_s": float(np.mean([g.finished_at - g.started_at for g in groups])),
+        }
+        metrics.update(self._optimize(rows))
+        return metrics
+
+    def _optimize(self, rows: list) -> dict[str, float]:
+        args = self.args
+        # Zero-advantage rows contribute nothing without a KL term; they still count in the normalizer.
+        active = [r for r in rows if r.advantage != 0.0] if args.beta == 0 else rows
+        metrics: dict[str, float] = {"learning_rate": self.lr_scheduler.get_last_lr()[0]}
+        if not active:
+            self.lr_scheduler.step()
+            metrics["train/skipped_no_signal"] = 1.0
+            return metrics
+        started = time.monotonic()
+        normalizer = loss_normalizer(rows)
+        packing = pack_rows(active, args.max_tokens_per_microbatch, pad_token_id=self.pad_token_id)
+        self.model.train()
+        parts = []
+        total_loss = 0.0
+        for batch in packing.microbatches:
+            logprobs, entropy = token_logprobs(self.model, batch, args.temperature)
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(self.reference, batch, args.temperature)
+            loss, part = grpo_loss(
+                logprobs, batch, normalizer=normalizer, config=self.loss_config, ref_logprobs=ref, entropy=entropy
+            )
+            loss.backward()
+            total_loss += float(loss.detach())
+            parts.append(part)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.monotonic() - started
+        trained = sum(r.n_trainable for r in active)
+        self.state.num_input_tokens_seen += packing.real_tokens
+        metrics.update(merge_metrics(parts))
+        metrics.update(packing.metrics())
+        metrics.update(
+            {
+                "loss": total_loss,
+                "grad_norm": float(grad_norm),
+                "train/tokens_per_s": packing.real_tokens / elapsed if elapsed > 0 else 0.0,
+                "train/trained_tokens": float(trained),
+                "train/optimize_time_s": elapsed,
+            }
+        )
+        return metrics
+
+    # --- logging and checkpoints -----------------------------------------------------------------------------------
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        logs = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
+        logs["step"] = self.state.global_step
+        self.state.log_history.append(logs)
+        self.callback_handler.on_log(self.args, self.state, self.control, logs)
+        reward = metrics.get("reward", float("nan"))
+        console.print(
+            f"[bold]step {self.state.global_step}/{self.args.max_steps}[/] reward {reward:.3f} "
+            f"correct {metrics.get('rollout/correctness_mean', float('nan')):.3f} "
+            f"unscorable {metrics.get('rollout/unscorable_frac', 0.0):.2f} "
+            f"tools/call {metrics.get('tools/call_frequency', 0.0):.2f} "
+            f"loss {metrics.get('loss', float('nan')):.4f} v{self.policy_version} "
+            f"{metrics.get('step_time_s', 0.0):.1f}s"
+        )
+
+    def _save_checkpoint(self) -> Path:
+        root = Path(self.args.output_dir)
+        final = root / f"checkpoint-{self.state.global_step}"
+        tmp = root / f".tmp-checkpoint-{self.state.global_step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "lr_scheduler": self.lr_scheduler.state_dict(),
+                "rng": {
+                    "python": random.getstate(),
+                    "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(),
+                },
+            },
+            tmp / "optimizer.pt",
+        )
+        state = {
+            "global_step": self.state.global_step,
+            "dataset_position": self.dataset_position,
+            "policy_version": self.policy_version,
+            "dropped_stale": self.dropped_stale,
+            "num_input_tokens_seen": self.state.num_input_tokens_seen,
+            "log_history": self.state.log_history,
+        }
+        (tmp / TRAINER_STATE).write_text(json.dumps(state, default=float))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        self._rotate_checkpoints(root)
+        return final
+
+    def _rotate_checkpoints(self, root: Path) -> None:
+        limit = self.args.save_total_limit
+        if not limit:
+            return
+        found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
+        for _, path in found[:-limit]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _load_checkpoint(self, checkpoint: Path) -> None:
+        state = json.loads((checkpoint / TRAINER_STATE).read_text())
+        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        self.model.load_state_dict(loaded.state_dict())
+        extra = torch.load(checkpoint / "optimizer.pt", weights_only=False)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        random.setstate(extra["rng"]["python"])
+        np.random.set_state(extra["rng"]["numpy"])
+        torch.set_rng_state(extra["rng"]["torch"])
+        self.state.global_step = state["global_step"]
+        self.state.num_input_tokens_seen = state["num_input_tokens_seen"]
+        self.state.log_history = state["log_history"]
+        self.dataset_position = state["dataset_position"]
+        self.policy_version = state["policy_version"]
+        self.dropped_stale = state["dropped_stale"]
+        console.print(f"resumed from {checkpoint} at step {self.state.global_step}")
