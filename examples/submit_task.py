@@ -1,6 +1,6 @@
 """A small verifiable task for the black-box ``examples/agents/tool_agent.py``: finish by submitting.
 
-The agent is offered four tools (list, read, write, submit) and a prompt that
+The agent is offered four tools (list_files, read_file, echo, submit) and a prompt that
 asks it to submit. The verifier looks only at the end state of the agent's
 working directory: 1.0 if ``submission.txt`` exists (the agent called
 ``submit``), else 0.0. A warm-started tiny model picks among the offered
@@ -45,6 +45,6 @@ def verifier(workdir: Path, task: Mapping[str, Any]) -> float:
     return 1.0 if (workdir / "submission.txt").exists() else 0.0
 
 
-def agent_command(max_turns: int = 1, max_tokens: int = 48) -> list[str]:
+def agent_command(max_turns: int = 1, max_tokens: int = 96) -> list[str]:
     """The agent's argv; ``{prompt}`` is filled per task by the session factory."""
     return [sys.executable, str(AGENT), "{prompt}", "--max-turns", str(max_turns), "--max-tokens", str(max_tokens)]

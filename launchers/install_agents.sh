@@ -54,7 +54,6 @@ fi
 hermetic .venv/bin/python -c "import transformers, openenv, harbor, minisweagent"
 [ -x .venv/bin/mini ] || { echo "install_agents: .venv/bin/mini missing" >&2; exit 1; }
 
-grep -qxF '.agents/' .gitignore 2>/dev/null || echo '.agents/' >> .gitignore
 echo "install_agents: opencode $(hermetic "$PREFIX/node_modules/.bin/opencode" --version 2>/dev/null | tail -1)," \
   "codex $(hermetic "$PREFIX/node_modules/.bin/codex" --version 2>/dev/null | tail -1)," \
   "claude $(hermetic "$PREFIX/node_modules/.bin/claude" --version 2>/dev/null | tail -1)," \

@@ -8,7 +8,7 @@ results back, until the model calls ``submit``, answers without a tool call,
 or ``--max-turns`` calls were made. It knows nothing about training: the
 reward is decided later by the task's verifier looking at the directory.
 
-Tools: ``list_files``, ``read_file(path)``, ``write_file(path, content)``,
+Tools: ``list_files(directory)``, ``read_file(path)``, ``echo(text)``,
 ``submit(answer)`` (writes ``submission.txt`` and ends the run).
 """
 
@@ -40,10 +40,10 @@ def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
 
 
 TOOLS = [
-    _tool("list_files", "List the files in the working directory."),
-    _tool("read_file", "Read a file.", path="Path of the file to read."),
-    _tool("write_file", "Write a file.", path="Path of the file.", content="Text to write."),
-    _tool("submit", "Submit the final answer and finish.", answer="The answer."),
+    _tool("list_files", "List the files in a directory.", directory="Directory path"),
+    _tool("read_file", "Read a text file.", path="Path to the file"),
+    _tool("echo", "Echo the given text back.", text="Text to echo"),
+    _tool("submit", "Submit the final answer.", answer="The final answer"),
 ]
 
 
@@ -60,10 +60,8 @@ def run_tool(name: str, arguments: str, workdir: Path) -> tuple[str, bool]:
     if name == "read_file":
         path = workdir / str(args.get("path", ""))
         return (path.read_text()[:4000], False) if path.is_file() else (f"error: no such file {path.name}", False)
-    if name == "write_file":
-        target = workdir / Path(str(args.get("path", "out.txt"))).name
-        target.write_text(str(args.get("content", "")))
-        return f"wrote {target.name}", False
+    if name == "echo":
+        return str(args.get("text", "")), False
     if name == "submit":
         (workdir / "submission.txt").write_text(str(args.get("answer", "")))
         return "submitted", True
