@@ -11,6 +11,9 @@ benchmark of intelligence.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import random
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,3 +51,76 @@ def verifier(workdir: Path, task: Mapping[str, Any]) -> float:
 def agent_command(max_turns: int = 1, max_tokens: int = 96) -> list[str]:
     """The agent's argv; ``{prompt}`` is filled per task by the session factory."""
     return [sys.executable, str(AGENT), "{prompt}", "--max-turns", str(max_turns), "--max-tokens", str(max_tokens)]
+
+
+TASK_SFT_RECIPE = {"seed": 0, "steps": 120, "batch": 8, "lr": 3e-3}
+
+
+def _example_call(rng: random.Random) -> dict[str, Any]:
+    """A well-formed call to one of the agent's tools, chosen uniformly: the SFT teaches the format, not the choice."""
+    from examples.agents.tool_agent import TOOLS
+
+    name = rng.choice([t["function"]["name"] for t in TOOLS])
+    arguments = {
+        "list_files": {"directory": "."},
+        "read_file": {"path": "notes.txt"},
+        "echo": {"text": rng.choice(["hello", "done", "ready"])},
+        "submit": {"answer": rng.choice(["hello", "done", "42"])},
+    }[name]
+    return {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def task_sft(base: Path, dest: Path, recipe: Mapping[str, Any] = TASK_SFT_RECIPE) -> Path:
+    """Teach ``base`` the agent's tool-call format on this task's prompts (tools chosen at random), into ``dest``.
+
+    This is the usual SFT-then-RL recipe in miniature: afterwards the model calls one of the four tools
+    more or less uniformly, so ``submit`` (reward 1) is one choice among four and GRPO has to learn it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from examples.agents.tool_agent import SYSTEM_PROMPT, TOOLS
+
+    rng = random.Random(recipe["seed"])
+    torch.manual_seed(recipe["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"])
+    model.train()
+    for _ in range(recipe["steps"]):
+        rows = []
+        for _ in range(recipe["batch"]):
+            messages = [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": rng.choice(PROMPTS)},
+                {"role": "assistant", "content": "", "tool_calls": [_example_call(rng)]},
+            ]
+            out = tokenizer.apply_chat_template(
+                messages, tools=TOOLS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
+            rows.append((list(out["input_ids"]), list(out["assistant_masks"])))
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+        labels = torch.full((len(rows), width), -100)
+        for i, (row_ids, mask) in enumerate(rows):
+            ids[i, : len(row_ids)] = torch.tensor(row_ids)
+            labels[i, : len(row_ids)] = torch.tensor([t if m else -100 for t, m in zip(row_ids, mask, strict=True)])
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    (dest / "task_sft.json").write_text(json.dumps({"recipe": dict(recipe), "final_loss": float(loss)}))
+    return dest
+
+
+def task_model_path() -> Path:
+    """The tiny model after ``task_sft``, cached by a digest of the base model, the recipe and this file."""
+    from harness_grpo.tiny_model.build import cached_build, tiny_model_path
+
+    base = tiny_model_path()
+    digest = hashlib.sha256((base.name + json.dumps(TASK_SFT_RECIPE) + Path(__file__).read_text()).encode())
+    digest.update(AGENT.read_bytes())
+    return cached_build(f"submit-task-{digest.hexdigest()[:16]}", lambda dest: task_sft(base, dest))

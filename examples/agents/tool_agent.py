@@ -39,6 +39,7 @@ def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
     }
 
 
+SYSTEM_PROMPT = "You are a careful agent. Use the tools."
 TOOLS = [
     _tool("list_files", "List the files in a directory.", directory="Directory path"),
     _tool("read_file", "Read a text file.", path="Path to the file"),
@@ -89,7 +90,7 @@ def main() -> int:
     model = os.environ.get("HARNESS_MODEL", "default")
     workdir = Path.cwd()
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a careful agent. Use the tools."},
+        {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": args.task},
     ]
     for _ in range(args.max_turns):

@@ -1,0 +1,70 @@
+"""The CPU learning check: the real trainer, proxy and embedded engine raise a verifier's reward.
+
+A black-box agent program (``examples/agents/tool_agent.py``: its own
+process, its own loop, HTTP only) works on ``examples/submit_task.py``; the
+reward is the task verifier's look at the agent's working directory. The
+policy is the tiny model after the task's short SFT (``task_model_path``),
+which calls one of the four offered tools about uniformly, so the verifier's
+reward starts near 0.25. With three seeds, the mean reward over the last
+steps must clearly exceed the first steps'.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from pathlib import Path
+
+import pytest
+
+from examples import submit_task
+from harness_grpo.config import HarnessGRPOConfig
+from harness_grpo.local_agent import LocalAgentSessionFactory
+from harness_grpo.trainer import HarnessAsyncGRPOTrainer
+
+STEPS = 30
+WINDOW = 6
+
+
+def _run(seed: int, output_dir: Path) -> list[float]:
+    args = HarnessGRPOConfig(
+        output_dir=str(output_dir),
+        seed=seed,
+        max_steps=STEPS,
+        learning_rate=3e-4,
+        lr_scheduler_type="constant",
+        num_generations=8,
+        groups_per_step=2,
+        max_staleness=1,
+        temperature=1.0,
+        max_completion_length=64,
+        max_model_calls=2,
+        rollout_timeout_s=120,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+    )
+    factory = functools.partial(
+        LocalAgentSessionFactory,
+        command=submit_task.agent_command(),
+        verifier=submit_task.verifier,
+        setup=submit_task.setup,
+    )
+    trainer = HarnessAsyncGRPOTrainer(str(submit_task.task_model_path()), factory, args, submit_task.dataset())
+    trainer.train()
+    return [entry["rollout/correctness_mean"] for entry in trainer.state.log_history]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_grpo_raises_verifier_reward_with_three_seeds(tmp_path: Path) -> None:
+    curves = {seed: _run(seed, tmp_path / f"seed{seed}") for seed in (0, 1, 2)}
+    gains = []
+    for seed, curve in curves.items():
+        first, last = statistics.mean(curve[:WINDOW]), statistics.mean(curve[-WINDOW:])
+        print(f"seed {seed}: first {WINDOW} steps {first:.3f} -> last {WINDOW} steps {last:.3f}  {curve}")
+        assert len(curve) == STEPS
+        # A window holds 6 steps x 16 rollouts = 96 verifier rewards: its standard error is about 0.05.
+        assert last > first + 0.15, f"seed {seed} did not learn: {first:.3f} -> {last:.3f}"
+        gains.append(last - first)
+    assert statistics.mean(gains) > 0.25, f"mean gain over seeds {statistics.mean(gains):.3f}"
