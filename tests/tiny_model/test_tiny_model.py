@@ -13,7 +13,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from harness_grpo.tiny_model import build_tiny_model, tiny_model_path, warm_tiny_model_path
 from harness_grpo.tiny_model.build import MARKUP_TOKENS, SPECIAL_TOKENS
 from harness_grpo.tiny_model.synthetic import heldout_prompts, synthetic_chats
-from harness_grpo.tiny_model.warm_start import WARM_RECIPE, evaluate_tool_calls, group_loss, tokenize_chat, warm_digest
+from harness_grpo.tiny_model.warm_start import (
+    WARM_RECIPE,
+    evaluate_tool_calls,
+    group_loss,
+    name_weights,
+    tokenize_chat,
+    warm_digest,
+)
 
 TOOLS = [
     {
@@ -179,6 +186,15 @@ def test_no_think_example_puts_the_cut_turn_after_the_empty_think_prefix(tok: An
     assert spans == [_expected_span(m) for m in chat["messages"][: cut + 1] if m["role"] == "assistant"]
     text = tok.decode(ids)
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n" + spans[-1] + "\n")
+
+
+def test_name_weights_cover_exactly_the_tool_names(tok: Any) -> None:
+    chat = synthetic_chats(1, 6)[0]
+    ids, mask = tokenize_chat(tok, chat)
+    weights = name_weights(tok, ids, mask, 5.0)
+    assert all((w > 0) == bool(m) for w, m in zip(weights, mask, strict=True))
+    names = [c["function"]["name"] for m in chat["messages"] for c in m.get("tool_calls") or []]
+    assert tok.decode([i for i, w in zip(ids, weights, strict=True) if w == 5.0]) == "".join(f'{n}",' for n in names)
 
 
 def test_group_loss_equals_full_sequence_loss(base: Path, tok: Any) -> None:
