@@ -123,38 +123,35 @@ class FakeVLLM:
             payload = payload[: len(payload) // 2]
         return web.Response(body=payload, content_type="application/json")
 
-    def complete(self, body: dict[str, Any], *, with_ids: bool = True) -> dict[str, Any]:
-        """The chat completion for ``body``: a tool call on odd assistant turns when tools are offered."""
-        messages = body["messages"]
-        tools = body.get("tools")
-        prompt_ids = render_prompt(messages, tools)
+    def reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, seed: int) -> dict[str, Any]:
+        """The assistant message for a history: a tool call on odd assistant turns when tools are offered."""
         turn = sum(1 for m in messages if m.get("role") == "assistant")
-        seed = zlib.crc32(orjson.dumps(prompt_ids[-64:]))
         if tools and turn % 2 == 0:
             name = tools[0]["function"]["name"]
             arguments = orjson.dumps({"command": f"echo {WORDS[seed % len(WORDS)]} {turn}"}).decode()
-            message = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"call_{seed:x}_{turn}",
-                        "type": "function",
-                        "function": {"name": name, "arguments": arguments},
-                    }
-                ],
+            call = {
+                "id": f"call_{seed:x}_{turn}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
             }
-            finish = "tool_calls"
-        else:
-            words = [WORDS[(seed >> (i % 24)) % len(WORDS)] for i in range(self.completion_chars // 6)]
-            message = {"role": "assistant", "content": " ".join(words)[: self.completion_chars]}
-            finish = "stop"
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        words = [WORDS[(seed >> (i % 24)) % len(WORDS)] for i in range(self.completion_chars // 6)]
+        return {"role": "assistant", "content": " ".join(words)[: self.completion_chars]}
+
+    def complete(self, body: dict[str, Any], *, with_ids: bool = True) -> dict[str, Any]:
+        """The chat completion for ``body`` with vLLM's id and logprob fields (``reply`` decides the message)."""
+        messages = body["messages"]
+        tools = body.get("tools")
+        prompt_ids = render_prompt(messages, tools)
+        seed = zlib.crc32(orjson.dumps(prompt_ids[-64:]))
+        message = self.reply(messages, tools, seed)
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
         completion_ids = [*tokenize(_assistant_text(message)), IM_END]
         temperature = body.get("temperature", 1.0) or 1.0
         logprobs = [-((i * 7919 + seed) % 1000) / (1000.0 * temperature) - 1e-3 for i in range(len(completion_ids))]
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
         response: dict[str, Any] = {
-            "id": f"chatcmpl-{seed:x}{turn}",
+            "id": f"chatcmpl-{seed:x}{len(messages)}",
             "object": "chat.completion",
             "created": 0,
             "model": body.get("model", MODEL),

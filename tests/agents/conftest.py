@@ -37,7 +37,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import zlib
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from bench.fake_vllm import IM_END, MODEL, WORDS, FakeVLLM, _assistant_text, render_prompt, tokenize
+from bench.fake_vllm import MODEL, WORDS, FakeVLLM
 from proxy.server import CaptureProxy, ProxyConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,12 +78,8 @@ class ToolLoopFakeVLLM(FakeVLLM):
         super().__init__(**kw)
         self.tool_turns = tool_turns
 
-    def complete(self, body: dict[str, Any], *, with_ids: bool = True) -> dict[str, Any]:
-        messages = body["messages"]
-        tools = body.get("tools") or []
-        prompt_ids = render_prompt(messages, tools)
+    def reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, seed: int) -> dict[str, Any]:
         done = sum(1 for m in messages if m.get("role") == "assistant" and m.get("tool_calls"))
-        seed = zlib.crc32(orjson.dumps(prompt_ids[-64:]))
         if tools and done < self.tool_turns:
             tool = _pick_tool(tools)
             arguments = orjson.dumps(_fill_arguments(tool.get("parameters") or {}, done + 1)).decode()
@@ -93,48 +88,9 @@ class ToolLoopFakeVLLM(FakeVLLM):
                 "type": "function",
                 "function": {"name": tool["name"], "arguments": arguments},
             }
-            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
-            finish = "tool_calls"
-        else:
-            words = " ".join(WORDS[(seed >> (i % 24)) % len(WORDS)] for i in range(8))
-            message = {"role": "assistant", "content": f"Done after {done} steps: {words}."}
-            finish = "stop"
-        completion_ids = [*tokenize(_assistant_text(message)), IM_END]
-        temperature = body.get("temperature", 1.0) or 1.0
-        logprobs = [-((i * 7919 + seed) % 1000) / (1000.0 * temperature) - 1e-3 for i in range(len(completion_ids))]
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
-        response: dict[str, Any] = {
-            "id": f"chatcmpl-{seed:x}{done}",
-            "object": "chat.completion",
-            "created": 0,
-            "model": body.get("model", MODEL),
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(completion_ids),
-                "total_tokens": len(prompt_ids) + len(completion_ids),
-            },
-        }
-        if with_ids:
-            response["prompt_token_ids"] = prompt_ids
-            choice["token_ids"] = completion_ids
-        if body.get("logprobs"):
-            top_n = body.get("top_logprobs") or 0
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": f"token_id:{t}",
-                        "logprob": lp,
-                        "bytes": [],
-                        # Processed logprobs: the gap between candidates scales with 1/temperature.
-                        "top_logprobs": [
-                            {"token": f"token_id:{10 + k}", "logprob": -(k + 1) / temperature} for k in range(top_n)
-                        ],
-                    }
-                    for t, lp in zip(completion_ids, logprobs, strict=True)
-                ]
-            }
-        return response
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        words = " ".join(WORDS[(seed >> (i % 24)) % len(WORDS)] for i in range(8))
+        return {"role": "assistant", "content": f"Done after {done} steps: {words}."}
 
 
 def _pick_tool(tools: list[dict[str, Any]]) -> dict[str, Any]:
