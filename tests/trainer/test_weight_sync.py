@@ -681,8 +681,14 @@ def _two_rank_worker(rank: int, port: int, results) -> None:
             )
             plane.stop()
         results.put(out)
+        dist.barrier()  # no collective may still be in flight on either rank when the groups go
     finally:
         dist.destroy_process_group()
+    # Gloo's worker threads can abort the interpreter's finalization (pytorch/pytorch#179291); the
+    # result is flushed, so leave without it.
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def test_two_ranks_gather_in_lock_step_and_agree_on_the_outcome():
