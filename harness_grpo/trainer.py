@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler, set_seed
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
@@ -56,7 +57,7 @@ from proxy.capture_graph import sequences_from_trace
 from proxy.server import CaptureProxy, ProxyConfig
 
 log = logging.getLogger(__name__)
-console = Console()
+console = Console(soft_wrap=True)  # log lines stay whole in files and CI logs
 
 RewardFn = Callable[[HarnessRolloutOutcome], float | None]
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -94,6 +95,20 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
         if (m := CHECKPOINT_RE.match(p.name)) and (p / TRAINER_STATE).exists()
     ]
     return max(found)[1] if found else None
+
+
+def _progress_bar(disable: bool) -> Progress:
+    """Steps done of ``max_steps`` with the last reward and policy version; per-step lines print above it."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=disable,
+    )
 
 
 class HarnessAsyncGRPOTrainer:
@@ -252,6 +267,11 @@ class HarnessAsyncGRPOTrainer:
         )
         last: dict[str, float] = {}
         dropped_before = self.dropped_stale
+        self._progress = _progress_bar(disable=args.disable_tqdm)
+        self._progress_task = self._progress.add_task(
+            "training", total=args.max_steps, completed=self.state.global_step, status=""
+        )
+        self._progress.start()
         try:
             if checkpoint:  # a fresh engine holds the base weights; give it the checkpoint's
                 self.policy_version = self.weight_sync.sync(self.model)
@@ -276,12 +296,18 @@ class HarnessAsyncGRPOTrainer:
                 metrics["policy_version"] = float(self.policy_version)
                 metrics["step_time_s"] = time.monotonic() - started
                 last = metrics
+                self._progress.update(
+                    self._progress_task,
+                    completed=self.state.global_step,
+                    status=f"reward {metrics.get('reward', float('nan')):.3f} v{self.policy_version}",
+                )
                 if self.state.global_step % args.logging_steps == 0 or self.state.global_step == 1:
                     self._log(metrics)
-                if args.save_steps and self.state.global_step % int(args.save_steps) == 0:
+                if self._checkpoint_due():
                     self._save_checkpoint()
             self.callback_handler.on_train_end(args, self.state, self.control)
         finally:
+            self._progress.stop()
             producer.stop()
             self._stop_services()
         return last
@@ -340,7 +366,7 @@ class HarnessAsyncGRPOTrainer:
         metrics: dict[str, float] = {"learning_rate": self.lr_scheduler.get_last_lr()[0]}
         if not active:
             self.lr_scheduler.step()
-            metrics["train/skipped_no_signal"] = 1.0
+            metrics["skipped_no_signal"] = 1.0
             return metrics
         started = time.monotonic()
         normalizer = loss_normalizer(rows)
@@ -373,9 +399,9 @@ class HarnessAsyncGRPOTrainer:
             {
                 "loss": total_loss,
                 "grad_norm": float(grad_norm),
-                "train/tokens_per_s": packing.real_tokens / elapsed if elapsed > 0 else 0.0,
-                "train/trained_tokens": float(trained),
-                "train/optimize_time_s": elapsed,
+                "tokens_per_s": packing.real_tokens / elapsed if elapsed > 0 else 0.0,
+                "trained_tokens": float(trained),
+                "optimize_time_s": elapsed,
             }
         )
         return metrics
@@ -388,7 +414,7 @@ class HarnessAsyncGRPOTrainer:
         self.state.log_history.append(logs)
         self.callback_handler.on_log(self.args, self.state, self.control, logs)
         reward = metrics.get("reward", float("nan"))
-        console.print(
+        self._progress.console.print(
             f"[bold]step {self.state.global_step}/{self.args.max_steps}[/] reward {reward:.3f} "
             f"correct {metrics.get('rollout/correctness_mean', float('nan')):.3f} "
             f"unscorable {metrics.get('rollout/unscorable_frac', 0.0):.2f} "
@@ -396,6 +422,14 @@ class HarnessAsyncGRPOTrainer:
             f"loss {metrics.get('loss', float('nan')):.4f} v{self.policy_version} "
             f"{metrics.get('step_time_s', 0.0):.1f}s"
         )
+
+    def _checkpoint_due(self) -> bool:
+        """``save_strategy="steps"`` every ``save_steps`` steps, and at the last step; ``"no"`` never."""
+        args = self.args
+        if args.save_strategy != "steps" or not args.save_steps:
+            return False
+        step = self.state.global_step
+        return step % int(args.save_steps) == 0 or step == args.max_steps
 
     def _save_checkpoint(self) -> Path:
         root = Path(self.args.output_dir)

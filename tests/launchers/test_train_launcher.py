@@ -1,0 +1,111 @@
+"""``launchers/train.py``, the main job, as a user runs it: a process on the embedded CPU default.
+
+- A run killed with SIGKILL mid-step resumes from its last checkpoint (``--resume``) and
+  finishes: every step is logged once, the dataset position and policy version carry over.
+- ``--report_to tensorboard`` writes the trainer's metrics (the names users know) as scalars.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness_grpo.trainer import TRAINER_STATE
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL_RUN = [
+    "--num_generations", "4",
+    "--groups_per_step", "1",
+    "--max_concurrent_rollouts", "4",
+    "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+def _launch(output_dir: Path, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, str(REPO / "launchers" / "train.py"), "--output_dir", str(output_dir), *SMALL_RUN, *extra]
+    log = (output_dir.parent / f"{output_dir.name}-{time.monotonic_ns()}.log").open("w")
+    return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, text=True)
+
+
+def _wait(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        pytest.fail(f"train.py did not finish within {timeout_s}s:\n{log.read_text()[-4000:]}")
+    return log.read_text()
+
+
+def _log_path(output_dir: Path) -> Path:
+    return max(output_dir.parent.glob(f"{output_dir.name}-*.log"), key=lambda p: p.stat().st_mtime)
+
+
+@pytest.mark.timeout(900)
+def test_sigkilled_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    first = _launch(out, "--max_steps", "5", "--save_steps", "2", "--save_total_limit", "5")
+    checkpoint = out / "checkpoint-2" / TRAINER_STATE
+    deadline = time.monotonic() + 600
+    while not checkpoint.exists():
+        assert first.poll() is None, (
+            f"train.py exited before its first checkpoint:\n{_log_path(out).read_text()[-4000:]}"
+        )
+        assert time.monotonic() < deadline, "no checkpoint-2 within 600s"
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # mid-run: step 3 is in flight
+    assert first.wait(30) == -signal.SIGKILL
+    assert not (out / "checkpoint-4").exists()
+    saved = json.loads(checkpoint.read_text())
+    assert saved["global_step"] == 2 and saved["policy_version"] == 2 and saved["dataset_position"] >= 2
+
+    second = _launch(out, "--max_steps", "5", "--save_steps", "2", "--save_total_limit", "5", "--resume", "true")
+    text = _wait(second, _log_path(out), 600)
+    assert second.returncode == 0, text[-4000:]
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in text, text[-4000:]
+    assert "done at step 5" in text, text[-4000:]
+    final = json.loads((out / "checkpoint-5" / TRAINER_STATE).read_text())
+    assert final["global_step"] == 5
+    assert [entry["step"] for entry in final["log_history"]] == [1, 2, 3, 4, 5]
+    assert final["log_history"][:2] == saved["log_history"]
+    # The resume pushes the checkpoint's weights to the fresh engine (one sync), then one per step.
+    assert final["policy_version"] == saved["policy_version"] + 1 + 3
+    assert final["dataset_position"] > saved["dataset_position"]
+    assert (out / "checkpoint-5" / "model.safetensors").exists()
+
+
+@pytest.mark.timeout(600)
+def test_report_to_tensorboard_writes_the_trainer_metrics(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    out.mkdir()
+    run = _launch(out, "--max_steps", "2", "--save_strategy", "no", "--report_to", "tensorboard")
+    text = _wait(run, _log_path(out), 500)
+    assert run.returncode == 0, text[-4000:]
+    events = list(out.glob("runs/*/events.out.tfevents.*"))
+    assert events, f"no tensorboard event file under {out}/runs"
+    accumulator = EventAccumulator(str(events[0].parent))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    for name in (
+        "train/reward",
+        "train/reward_std",
+        "train/rewards/env_reward/mean",
+        "train/rollout/correctness_mean",
+        "train/rollout/unscorable_frac",
+        "train/tools/call_frequency",
+        "train/staleness/mean",
+        "train/learning_rate",
+        "train/policy_version",
+    ):
+        assert name in tags, f"{name} not among {sorted(tags)}"
+    assert [event.step for event in accumulator.Scalars("train/reward")] == [1, 2]
