@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import random
 import re
 import shutil
 import threading
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate import Accelerator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler, set_seed
@@ -44,17 +44,26 @@ from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, 
 
 from harness_grpo.advantages import group_advantages, group_metrics
 from harness_grpo.config import HarnessGRPOConfig
+from harness_grpo.distributed import (
+    broadcast_from_main,
+    filler_row,
+    gather_to_all,
+    loss_scale,
+    max_over_ranks,
+    shard_rows,
+)
 from harness_grpo.engine.embedded import TINY, TINY_WARM, EmbeddedEngine, resolve_model
 from harness_grpo.engine.server import EngineServer
 from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
 from harness_grpo.packing import pack_rows
 from harness_grpo.rollout_metrics import outcome_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer
-from harness_grpo.rows import RowStats, loss_normalizer, rollout_rows
+from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.session_protocol import HarnessRolloutOutcome, ProxyEndpoint
 from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync
 from proxy.capture_graph import sequences_from_trace
 from proxy.server import CaptureProxy, ProxyConfig
+from proxy.trace import TrainingTurn
 
 log = logging.getLogger(__name__)
 console = Console(soft_wrap=True)  # log lines stay whole in files and CI logs
@@ -62,6 +71,7 @@ console = Console(soft_wrap=True)  # log lines stay whole in files and CI logs
 RewardFn = Callable[[HarnessRolloutOutcome], float | None]
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "harness_trainer_state.json"
+ACCELERATE_STATE = "accelerate_state"
 
 
 class ServiceLoop:
@@ -121,6 +131,12 @@ class HarnessAsyncGRPOTrainer:
     ``functools.partial(LocalAgentSessionFactory, command=[...], verifier=...)``.
     ``train_dataset``: a sequence of task dicts (a ``datasets.Dataset`` works); rows are cycled.
     ``rollout_reward_fn``: ``outcome -> float | None``; default: the verifier's ``env_reward``.
+    ``train_turn_fn``: ``TrainingTurn -> bool`` (its ``request`` holds the messages and tools, its
+    ``response`` the content and tool calls); a turn it rejects is context, not trained. Default: all.
+
+    Several processes (``accelerate launch`` with FSDP2 or DDP, or ``torchrun``): rank 0 runs the
+    services and rollouts and broadcasts each step's rows; every rank trains on its share and takes
+    part in each weight sync (``harness_grpo.distributed``).
     """
 
     def __init__(
@@ -131,6 +147,7 @@ class HarnessAsyncGRPOTrainer:
         train_dataset: Sequence[dict[str, Any]],
         rollout_reward_fn: RewardFn | None = None,
         processing_class: Any = None,
+        train_turn_fn: Callable[[TrainingTurn], bool] | None = None,
     ) -> None:
         if args.max_steps <= 0:
             raise ValueError("set args.max_steps > 0: rollouts stream, so training is sized in steps, not epochs")
@@ -147,25 +164,32 @@ class HarnessAsyncGRPOTrainer:
         self.train_dataset = train_dataset
         self.harness_session_factory = harness_session_factory
         self.reward_fn = rollout_reward_fn or _default_reward
+        self.train_turn_fn = train_turn_fn
         self.reward_name = (
             "env_reward" if rollout_reward_fn is None else getattr(rollout_reward_fn, "__name__", "reward")
         )
-        self.device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
-        self.model.to(self.device)
-        self.optimizer = torch.optim.AdamW(
+        # Under `accelerate launch` / torchrun this joins the process group and applies the launch's
+        # FSDP2 / DDP settings; in one process it only picks the device.
+        self.accelerator = Accelerator(cpu=args.use_cpu or not torch.cuda.is_available())
+        self.device = self.accelerator.device
+        self.is_main = self.accelerator.is_main_process
+        optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=args.learning_rate,
             betas=(args.adam_beta1, args.adam_beta2),
             eps=args.adam_epsilon,
             weight_decay=args.weight_decay,
         )
+        self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer)
+        # Not prepared: accelerate would step a prepared scheduler once per process.
         self.lr_scheduler = get_scheduler(
             args.lr_scheduler_type,
-            self.optimizer,
+            optimizer,
             num_warmup_steps=args.get_warmup_steps(args.max_steps),
             num_training_steps=args.max_steps,
             scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
         )
+        self.accelerator.register_for_checkpointing(self.lr_scheduler)
         self.loss_config = LossConfig(
             epsilon=args.epsilon,
             epsilon_high=args.epsilon_high,
@@ -176,10 +200,12 @@ class HarnessAsyncGRPOTrainer:
         self.reference = None
         if args.beta > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
-            self.reference.requires_grad_(False)
+            self.reference.requires_grad_(False).to(self.device)
         self.state = TrainerState(
             max_steps=args.max_steps, logging_steps=args.logging_steps, save_steps=args.save_steps
         )
+        self.state.is_world_process_zero = self.is_main
+        self.state.is_local_process_zero = self.accelerator.is_local_main_process
         self.control = TrainerControl()
         self.callback_handler = CallbackHandler(
             [DefaultFlowCallback, *get_reporting_integration_callbacks(args.report_to)],
@@ -192,13 +218,25 @@ class HarnessAsyncGRPOTrainer:
         self.dataset_position = 0
         self.dropped_stale = 0
 
-    # --- services ---------------------------------------------------------------------------------------------------
+    # --- services (rank 0) ------------------------------------------------------------------------------------------
 
     def _start_services(self) -> None:
+        """Rank 0: engine (embedded unless a vLLM URL is given), proxy, session factory. Every rank: a weight sync."""
         args = self.args
-        self.services = ServiceLoop()
+        self.services: ServiceLoop | None = None
         self.engine: EmbeddedEngine | None = None
         self.engine_server: EngineServer | None = None
+        if args.vllm_server_base_url is not None:
+            self.weight_sync = VLLMNCCLWeightSync(
+                args.vllm_server_base_url, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
+            )
+        if not self.is_main:
+            if args.vllm_server_base_url is None:  # gathers in lock-step with rank 0, which pushes
+                self.weight_sync = EmbeddedWeightSync(
+                    None, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
+                )
+            return
+        self.services = ServiceLoop()
         if args.vllm_server_base_url is None:
             engine_model = args.engine_model or self.model_path
             if engine_model in (TINY, TINY_WARM):
@@ -211,9 +249,6 @@ class HarnessAsyncGRPOTrainer:
             )
         else:
             engine_url = args.vllm_server_base_url
-            self.weight_sync = VLLMNCCLWeightSync(
-                engine_url, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
-            )
         self.proxy = CaptureProxy(
             ProxyConfig(engine_url=engine_url, journal_dir=Path(args.output_dir) / "proxy_journal", port=0)
         )
@@ -227,34 +262,23 @@ class HarnessAsyncGRPOTrainer:
         )
 
     def _stop_services(self) -> None:
-        services = getattr(self, "services", None)
-        if services is None:
-            return
+        services = self.services
         try:
-            services.run(self.proxy.stop(), 30)
-            if self.engine_server is not None:
-                services.run(self.engine_server.stop(), 30)
+            if services is not None:
+                services.run(self.proxy.stop(), 30)
+                if self.engine_server is not None:
+                    services.run(self.engine_server.stop(), 30)
         finally:
             if self.engine is not None:
                 self.engine.stop()
             self.weight_sync.close()
-            services.close()
+            if services is not None:
+                services.close()
             self.services = None
 
-    # --- training -------------------------------------------------------------------------------------------------
-
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run until ``args.max_steps``; returns the last logged metrics."""
+    def _producer(self) -> RolloutProducer:
         args = self.args
-        checkpoint = (
-            latest_checkpoint(args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint or None
-        )
-        if checkpoint:
-            self._load_checkpoint(Path(checkpoint))
-        if self.device.type == "cpu" and args.vllm_server_base_url is None:
-            torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores
-        self._start_services()
-        producer = RolloutProducer(
+        return RolloutProducer(
             self.session_factory,
             self.train_dataset,
             num_generations=args.num_generations,
@@ -265,9 +289,24 @@ class HarnessAsyncGRPOTrainer:
             start_position=self.dataset_position,
             seed=args.seed,
         )
+
+    # --- training -------------------------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
+        """Run until ``args.max_steps``; returns the last logged metrics (on rank 0; other ranks: {})."""
+        args = self.args
+        checkpoint = (
+            latest_checkpoint(args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint or None
+        )
+        if checkpoint:
+            self._load_checkpoint(Path(checkpoint))
+        if self.device.type == "cpu" and args.vllm_server_base_url is None:
+            torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores
+        self._start_services()
+        producer = self._producer() if self.is_main else None
         last: dict[str, float] = {}
         dropped_before = self.dropped_stale
-        self._progress = _progress_bar(disable=args.disable_tqdm)
+        self._progress = _progress_bar(disable=args.disable_tqdm or not self.is_main)
         self._progress_task = self._progress.add_task(
             "training", total=args.max_steps, completed=self.state.global_step, status=""
         )
@@ -276,26 +315,32 @@ class HarnessAsyncGRPOTrainer:
             if checkpoint:  # a fresh engine holds the base weights; give it the checkpoint's
                 self.policy_version = self.weight_sync.sync(self.model)
             self.callback_handler.on_train_begin(args, self.state, self.control)
-            producer.start(self.services.loop)
+            if producer is not None:
+                assert self.services is not None
+                producer.start(self.services.loop)
             while self.state.global_step < args.max_steps:
                 started = time.monotonic()
-                groups = producer.take(
-                    args.groups_per_step,
-                    current_version=self.policy_version,
-                    max_staleness=args.max_staleness,
-                    timeout_s=args.rollout_timeout_s * 2 + 60,
-                )
-                self.dropped_stale = dropped_before + producer.dropped_stale
-                metrics = self._train_step(groups)
+                shared = None
+                if producer is not None:
+                    groups = producer.take(
+                        args.groups_per_step,
+                        current_version=self.policy_version,
+                        max_staleness=args.max_staleness,
+                        timeout_s=args.rollout_timeout_s * 2 + 60,
+                    )
+                    self.dropped_stale = dropped_before + producer.dropped_stale
+                    rows, metrics = self._rows_and_metrics(groups)
+                    shared = (rows, metrics, max(g.row_index for g in groups) + 1, self.dropped_stale)
+                rows, metrics, self.dataset_position, self.dropped_stale = broadcast_from_main(shared)
+                metrics.update(self._optimize(rows))
                 self.state.global_step += 1
-                self.dataset_position = max(g.row_index for g in groups) + 1
                 if self.state.global_step % args.weight_sync_steps == 0:
                     sync_started = time.monotonic()
                     self.policy_version = self.weight_sync.sync(self.model)
                     metrics["weight_sync_time_s"] = time.monotonic() - sync_started
                 metrics["policy_version"] = float(self.policy_version)
                 metrics["step_time_s"] = time.monotonic() - started
-                last = metrics
+                last = metrics if self.is_main else {}
                 self._progress.update(
                     self._progress_task,
                     completed=self.state.global_step,
@@ -308,7 +353,8 @@ class HarnessAsyncGRPOTrainer:
             self.callback_handler.on_train_end(args, self.state, self.control)
         finally:
             self._progress.stop()
-            producer.stop()
+            if producer is not None:
+                producer.stop()
             self._stop_services()
         return last
 
@@ -318,13 +364,14 @@ class HarnessAsyncGRPOTrainer:
         reward = self.reward_fn(outcome)
         return None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else float(reward)
 
-    def _train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+    def _rows_and_metrics(self, groups: list[RolloutGroup]) -> tuple[list[Row], dict[str, float]]:
+        """Rank 0: score the groups, advantages, the step's rows, and the rollout metrics."""
         args = self.args
         now = time.monotonic()
         outcomes: list[HarnessRolloutOutcome] = []
         rewards: list[float | None] = []
         group_stats = []
-        rows = []
+        rows: list[Row] = []
         row_stats = RowStats()
         for group in groups:
             group_rewards = [self._reward(o) for o in group.outcomes]
@@ -344,6 +391,8 @@ class HarnessAsyncGRPOTrainer:
                     rollout_id=f"{group.group_id}-{index}",
                     group_id=group.group_id,
                     include_roles=args.train_roles,
+                    train_turn=self.train_turn_fn,
+                    trace=outcome.trace if self.train_turn_fn is not None else None,
                     max_length=min(args.max_sequence_length, args.max_tokens_per_microbatch),
                     stats=row_stats,
                 )
@@ -356,25 +405,30 @@ class HarnessAsyncGRPOTrainer:
             "queue_wait_time_s": float(np.mean([now - g.finished_at for g in groups])),
             "rollout/group_time_s": float(np.mean([g.finished_at - g.started_at for g in groups])),
         }
-        metrics.update(self._optimize(rows))
-        return metrics
+        return rows, metrics
 
-    def _optimize(self, rows: list) -> dict[str, float]:
+    def _optimize(self, rows: list[Row]) -> dict[str, float]:
+        """Every rank: one optimizer step on its share of ``rows`` (see ``harness_grpo.distributed``)."""
         args = self.args
         # Zero-advantage rows contribute nothing without a KL term; they still count in the normalizer.
         active = [r for r in rows if r.advantage != 0.0] if args.beta == 0 else rows
         metrics: dict[str, float] = {"learning_rate": self.lr_scheduler.get_last_lr()[0]}
-        if not active:
+        if not active:  # the same rows on every rank: all skip together
             self.lr_scheduler.step()
             metrics["skipped_no_signal"] = 1.0
             return metrics
         started = time.monotonic()
         normalizer = loss_normalizer(rows)
-        packing = pack_rows(active, args.max_tokens_per_microbatch, pad_token_id=self.pad_token_id)
+        mine = shard_rows(active, self.accelerator.process_index, self.accelerator.num_processes)
+        packing = pack_rows(mine, args.max_tokens_per_microbatch, pad_token_id=self.pad_token_id)
+        batches = list(packing.microbatches)
+        filler = pack_rows([filler_row(self.pad_token_id)], 2, pad_token_id=self.pad_token_id).microbatches[0]
+        batches += [filler] * (max_over_ranks(len(batches)) - len(batches))
+        scale = loss_scale()
         self.model.train()
         parts = []
         total_loss = 0.0
-        for batch in packing.microbatches:
+        for batch in batches:
             logprobs, entropy = token_logprobs(self.model, batch, args.temperature)
             ref = None
             if self.reference is not None:
@@ -383,24 +437,27 @@ class HarnessAsyncGRPOTrainer:
             loss, part = grpo_loss(
                 logprobs, batch, normalizer=normalizer, config=self.loss_config, ref_logprobs=ref, entropy=entropy
             )
-            loss.backward()
+            self.accelerator.backward(loss * scale)
             total_loss += float(loss.detach())
-            parts.append(part)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            if batch is not filler:
+                parts.append(part)
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         elapsed = time.monotonic() - started
-        trained = sum(r.n_trainable for r in active)
-        self.state.num_input_tokens_seen += packing.real_tokens
+        by_rank = gather_to_all((parts, total_loss, packing.real_tokens, packing.metrics()))
+        parts = [part for rank_parts, _, _, _ in by_rank for part in rank_parts]
+        real_tokens = sum(tokens for _, _, tokens, _ in by_rank)
+        self.state.num_input_tokens_seen += real_tokens
         metrics.update(merge_metrics(parts))
-        metrics.update(packing.metrics())
+        metrics.update(packing.metrics() if len(by_rank) == 1 else _mean_dicts([m for *_, m in by_rank]))
         metrics.update(
             {
-                "loss": total_loss,
+                "loss": sum(loss for _, loss, _, _ in by_rank),
                 "grad_norm": float(grad_norm),
-                "tokens_per_s": packing.real_tokens / elapsed if elapsed > 0 else 0.0,
-                "trained_tokens": float(trained),
+                "tokens_per_s": real_tokens / elapsed if elapsed > 0 else 0.0,
+                "trained_tokens": float(sum(r.n_trainable for r in active)),
                 "optimize_time_s": elapsed,
             }
         )
@@ -413,6 +470,8 @@ class HarnessAsyncGRPOTrainer:
         logs["step"] = self.state.global_step
         self.state.log_history.append(logs)
         self.callback_handler.on_log(self.args, self.state, self.control, logs)
+        if not self.is_main:
+            return
         reward = metrics.get("reward", float("nan"))
         self._progress.console.print(
             f"[bold]step {self.state.global_step}/{self.args.max_steps}[/] reward {reward:.3f} "
@@ -432,37 +491,38 @@ class HarnessAsyncGRPOTrainer:
         return step % int(args.save_steps) == 0 or step == args.max_steps
 
     def _save_checkpoint(self) -> Path:
+        """``checkpoint-N``: the full model and tokenizer (loadable by ``from_pretrained``), accelerate's
+        state (optimizer, scheduler, RNG of every rank; sharded under FSDP2) and the trainer's state.
+
+        Written to a temporary directory and renamed, so a kill leaves the last complete checkpoint.
+        """
         root = Path(self.args.output_dir)
         final = root / f"checkpoint-{self.state.global_step}"
         tmp = root / f".tmp-checkpoint-{self.state.global_step}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "lr_scheduler": self.lr_scheduler.state_dict(),
-                "rng": {
-                    "python": random.getstate(),
-                    "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(),
-                },
-            },
-            tmp / "optimizer.pt",
-        )
-        state = {
-            "global_step": self.state.global_step,
-            "dataset_position": self.dataset_position,
-            "policy_version": self.policy_version,
-            "dropped_stale": self.dropped_stale,
-            "num_input_tokens_seen": self.state.num_input_tokens_seen,
-            "log_history": self.state.log_history,
-        }
-        (tmp / TRAINER_STATE).write_text(json.dumps(state, default=float))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        self._rotate_checkpoints(root)
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()
+        state_dict = self.accelerator.get_state_dict(self.model)  # a collective under FSDP2
+        if self.is_main:
+            self.accelerator.unwrap_model(self.model).save_pretrained(tmp, state_dict=state_dict)
+            self.tokenizer.save_pretrained(tmp)
+        self.accelerator.save_state(str(tmp / ACCELERATE_STATE), safe_serialization=True)
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            state = {
+                "global_step": self.state.global_step,
+                "dataset_position": self.dataset_position,
+                "policy_version": self.policy_version,
+                "dropped_stale": self.dropped_stale,
+                "num_input_tokens_seen": self.state.num_input_tokens_seen,
+                "log_history": self.state.log_history,
+            }
+            (tmp / TRAINER_STATE).write_text(json.dumps(state, default=float))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            self._rotate_checkpoints(root)
+        self.accelerator.wait_for_everyone()
         return final
 
     def _rotate_checkpoints(self, root: Path) -> None:
@@ -475,18 +535,17 @@ class HarnessAsyncGRPOTrainer:
 
     def _load_checkpoint(self, checkpoint: Path) -> None:
         state = json.loads((checkpoint / TRAINER_STATE).read_text())
-        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-        self.model.load_state_dict(loaded.state_dict())
-        extra = torch.load(checkpoint / "optimizer.pt", weights_only=False)
-        self.optimizer.load_state_dict(extra["optimizer"])
-        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
-        random.setstate(extra["rng"]["python"])
-        np.random.set_state(extra["rng"]["numpy"])
-        torch.set_rng_state(extra["rng"]["torch"])
+        self.accelerator.load_state(str(checkpoint / ACCELERATE_STATE))
         self.state.global_step = state["global_step"]
         self.state.num_input_tokens_seen = state["num_input_tokens_seen"]
         self.state.log_history = state["log_history"]
         self.dataset_position = state["dataset_position"]
         self.policy_version = state["policy_version"]
         self.dropped_stale = state["dropped_stale"]
-        console.print(f"resumed from {checkpoint} at step {self.state.global_step}")
+        if self.is_main:
+            console.print(f"resumed from {checkpoint} at step {self.state.global_step}")
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for d in dicts for k in d}
+    return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in keys}

@@ -81,6 +81,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import torch
 
+from harness_grpo.distributed import rank_world
+
 if TYPE_CHECKING:
     from harness_grpo.engine import EmbeddedEngine
 
@@ -145,13 +147,6 @@ def sync_name(name: str) -> str:
     return name
 
 
-def _rank_world() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def _is_dtensor(tensor: torch.Tensor) -> bool:
     if not torch.distributed.is_available():
         return False
@@ -177,7 +172,7 @@ def params_for_sync(
     are not sent, and PEFT adapters must be merged first (their names exist
     only in the trainer).
     """
-    rank, _ = _rank_world()
+    rank, _ = rank_world()
     for name, param in model.named_parameters():
         tensor = param.detach()
         if _is_dtensor(tensor):
@@ -193,7 +188,7 @@ def params_for_sync(
 
 def _agree(ok: bool) -> bool:
     """True when every rank is ok (an all-reduce of a failure flag); ``ok`` itself in one process."""
-    _, world = _rank_world()
+    _, world = rank_world()
     if world == 1:
         return ok
     dist = torch.distributed
@@ -454,7 +449,7 @@ class _Sync:
             raise WeightSyncError("another weight sync is in progress on this object")
         try:
             start = time.monotonic()
-            rank, _ = _rank_world()
+            rank, _ = rank_world()
             self._sync(model, rank, self._version + 1)
             self._version += 1
             self.last_sync_s = time.monotonic() - start
@@ -505,13 +500,16 @@ class _StateDictSync(_Sync):
 class EmbeddedWeightSync(_StateDictSync):
     """In-process weight sync to an ``EmbeddedEngine`` living in this process (on rank 0)."""
 
-    def __init__(self, engine: EmbeddedEngine, *, timeout_s: float = 300.0, initial_version: int = 0) -> None:
+    def __init__(self, engine: EmbeddedEngine | None, *, timeout_s: float = 300.0, initial_version: int = 0) -> None:
+        """``engine``: the engine on rank 0; None on the other ranks, which only gather in lock-step."""
         super().__init__(timeout_s=timeout_s, cleanup_timeout_s=timeout_s, initial_version=initial_version)
         self.engine = engine
 
     def _push(self, state: dict[str, torch.Tensor], new_version: int) -> None:
         from harness_grpo.engine.errors import EngineError
 
+        if self.engine is None:
+            raise WeightSyncError("rank 0 has no engine to push to (EmbeddedWeightSync(None) is for other ranks)")
         targets = self.engine.model.state_dict()
         unknown = sorted(name for name in state if name not in targets)
         if unknown:
@@ -738,7 +736,7 @@ class VLLMNCCLWeightSync(_Sync):
         """
         if self._initialized:
             return
-        rank, _ = _rank_world()
+        rank, _ = rank_world()
         error = None
         if rank == 0:
             try:
