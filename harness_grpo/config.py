@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from transformers import TrainingArguments
 
 
@@ -96,6 +97,10 @@ class HarnessGRPOConfig(TrainingArguments):
     log_completions: bool = field(default=False, metadata={"help": "Print one sampled completion per step."})
 
     def __post_init__(self) -> None:
+        # Without a GPU, TrainingArguments sets up accelerate's process state as a single process
+        # unless use_cpu is set, which would leave every torchrun rank training alone.
+        if not self.use_cpu and not torch.cuda.is_available():
+            self.use_cpu = True
         super().__post_init__()
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: GRPO compares rollouts of one task")

@@ -3,6 +3,7 @@
     .venv/bin/python launchers/train.py                      # CPU default, see below
     .venv/bin/python launchers/train.py --max_steps 50 --report_to tensorboard
     .venv/bin/python launchers/train.py --resume             # continue from the last checkpoint
+    .venv/bin/torchrun --nproc_per_node 2 launchers/train.py # two data-parallel ranks (CPU: DDP over gloo)
 
 Every ``HarnessGRPOConfig`` field is a flag (``--learning_rate``, ``--num_generations``,
 ``--vllm_server_base_url`` ...). The defaults are the embedded CPU run: the tiny model after
@@ -11,6 +12,15 @@ the capture proxy in-process on loopback, and ``examples/agents/tool_agent.py`` 
 its own process per rollout, owning its loop, talking only HTTP to the proxy. The reward is the
 task verifier's look at the agent's working directory. On 2 cores the default 20 steps take a
 few minutes and lift the verifier's reward from about 0.3 (see ``tests/trainer/test_learning.py``).
+
+Several processes: rank 0 runs the engine, the proxy and the rollouts, and every rank trains on its
+share of each step's rows (``harness_grpo.distributed``). On GPUs, FSDP2 through accelerate, with a
+vLLM server started separately (``bench/vllm_weight_sync_gpu.py`` shows its flags)::
+
+    accelerate launch --num_processes 4 --use_fsdp --fsdp_version 2 \
+        --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Qwen3DecoderLayer \
+        --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16 \
+        launchers/train.py --model Qwen/Qwen3-0.6B --vllm_server_base_url http://127.0.0.1:8000
 
 ``--harness`` names the loop-owning agent. ``tool-agent`` is the one wired here; the coding-agent
 CLIs (opencode, codex, claude-code, mini-swe-agent) run through the same proxy in
@@ -91,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if launch.resume and resume is None:
         print(f"no checkpoint under {args.output_dir}: starting from step 0")
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if not trainer.is_main:
+        return 0
     curve = [entry["rollout/correctness_mean"] for entry in trainer.state.log_history]
     if curve:
         first, last = statistics.mean(curve[: launch.window]), statistics.mean(curve[-launch.window :])

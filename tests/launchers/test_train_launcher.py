@@ -3,6 +3,8 @@
 - A run killed with SIGKILL mid-step resumes from its last checkpoint (``--resume``) and
   finishes: every step is logged once, the dataset position and policy version carry over.
 - ``--report_to tensorboard`` writes the trainer's metrics (the names users know) as scalars.
+- Under ``torchrun`` with two ranks (DDP over gloo on CPU), rank 0 alone runs the services and
+  prints, both ranks train and checkpoint, and the run finishes.
 """
 
 from __future__ import annotations
@@ -109,3 +111,26 @@ def test_report_to_tensorboard_writes_the_trainer_metrics(tmp_path: Path) -> Non
     ):
         assert name in tags, f"{name} not among {sorted(tags)}"
     assert [event.step for event in accumulator.Scalars("train/reward")] == [1, 2]
+
+
+@pytest.mark.timeout(600)
+def test_two_ranks_under_torchrun_train_and_checkpoint_together(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    log = tmp_path / "torchrun.log"
+    argv = [
+        str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2",
+        str(REPO / "launchers" / "train.py"), "--output_dir", str(out), *SMALL_RUN,
+        "--max_steps", "3", "--save_steps", "3",
+    ]  # fmt: skip
+    with log.open("w") as sink:
+        run = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    text = _wait(run, log, 500)
+    assert run.returncode == 0, text[-4000:]
+    for step in (1, 2, 3):
+        assert text.count(f"step {step}/3 ") == 1, f"step {step} not printed once (by rank 0 alone):\n{text[-4000:]}"
+    assert text.count("done at step 3") == 1, text[-4000:]
+    state = out / "checkpoint-3" / "accelerate_state"
+    assert (state / "random_states_0.pkl").exists() and (state / "random_states_1.pkl").exists()
+    final = json.loads((out / "checkpoint-3" / TRAINER_STATE).read_text())
+    assert final["global_step"] == 3 and final["policy_version"] == 3
