@@ -47,6 +47,10 @@ class HarnessGRPOConfig(TrainingArguments):
         default=None,
         metadata={"help": "Per-session model-call budget enforced by the proxy (None: unlimited)."},
     )
+    max_tool_calling_iterations: int | None = field(
+        default=None,
+        metadata={"help": "White-box mode (harness_adapter): model calls per rollout; None: 8."},
+    )
     max_completion_length: int = field(
         default=1024,
         metadata={"help": "Most tokens sampled per model call (per turn, as in TRL AsyncGRPO), enforced by the proxy."},

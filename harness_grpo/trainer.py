@@ -61,6 +61,7 @@ from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.session_protocol import HarnessRolloutOutcome, ProxyEndpoint
 from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync
+from harness_grpo.white_box import HarnessAdapter, WhiteBoxSessionFactory
 from proxy.capture_graph import sequences_from_trace
 from proxy.server import CaptureProxy, ProxyConfig
 from proxy.trace import TrainingTurn
@@ -131,6 +132,8 @@ class HarnessAsyncGRPOTrainer:
     ``functools.partial(LocalAgentSessionFactory, command=[...], verifier=...)``.
     ``train_dataset``: a sequence of task dicts (a ``datasets.Dataset`` works); rows are cycled.
     ``rollout_reward_fn``: ``outcome -> float | None``; default: the verifier's ``env_reward``.
+    ``harness_adapter``: None for loop-owning agents; else the white-box tool loop that runs each
+    rollout through the proxy (``harness_grpo.white_box``), the factory's sessions being its environment.
     ``train_turn_fn``: ``TrainingTurn -> bool`` (its ``request`` holds the messages and tools, its
     ``response`` the content and tool calls); a turn it rejects is context, not trained. Default: all.
 
@@ -148,6 +151,7 @@ class HarnessAsyncGRPOTrainer:
         rollout_reward_fn: RewardFn | None = None,
         processing_class: Any = None,
         train_turn_fn: Callable[[TrainingTurn], bool] | None = None,
+        harness_adapter: HarnessAdapter | None = None,
     ) -> None:
         if args.max_steps <= 0:
             raise ValueError("set args.max_steps > 0: rollouts stream, so training is sized in steps, not epochs")
@@ -165,6 +169,9 @@ class HarnessAsyncGRPOTrainer:
         self.harness_session_factory = harness_session_factory
         self.reward_fn = rollout_reward_fn or _default_reward
         self.train_turn_fn = train_turn_fn
+        if harness_adapter is not None and not isinstance(harness_adapter, HarnessAdapter):
+            raise TypeError(f"harness_adapter {type(harness_adapter).__name__} has no run_white_box method")
+        self.harness_adapter = harness_adapter
         self.reward_name = (
             "env_reward" if rollout_reward_fn is None else getattr(rollout_reward_fn, "__name__", "reward")
         )
@@ -254,12 +261,22 @@ class HarnessAsyncGRPOTrainer:
         )
         port = self.services.run(self.proxy.start())
         self.proxy_endpoint = ProxyEndpoint(f"http://127.0.0.1:{port}", self.proxy.admin_key)
+        sampling = {"temperature": args.temperature}
         self.session_factory = self.harness_session_factory(
-            sampling={"temperature": args.temperature},
+            sampling=sampling,
             proxy=self.proxy_endpoint,
             max_model_calls=args.max_model_calls,
             max_output_tokens=args.max_completion_length,
         )
+        if self.harness_adapter is not None:
+            self.session_factory = WhiteBoxSessionFactory(
+                self.session_factory,
+                self.harness_adapter,
+                proxy=self.proxy_endpoint,
+                sampling=sampling,
+                max_turns=args.max_tool_calling_iterations or 8,
+                max_output_tokens=args.max_completion_length,
+            )
 
     def _stop_services(self) -> None:
         services = self.services

@@ -1,0 +1,151 @@
+"""White-box rollouts: the trainer owns the tool loop, and talks to the model through the capture proxy.
+
+A ``harness_adapter`` turns any session factory into a white-box one. For each rollout the user's
+factory still creates the session (the task's environment and its verifier); instead of waiting for
+an agent, ``WhiteBoxSession.wait_for_completion`` runs ``adapter.run_white_box(model_step, session,
+limits)``, where ``model_step(messages, tools)`` is one chat completion through the proxy under this
+rollout's own session key (REFERENCE §3.1). The trace therefore comes from the same capture path as
+a loop-owning agent's, and rows, loss and metrics need nothing else. The adapter executes tools
+however it likes (an environment class, a sandbox); a failed tool is a tool message saying so.
+
+Limits: ``HarnessRunLimits.max_turns`` model calls at most (also the proxy's call budget), and the
+rollout timeout: ``model_step`` raises ``TimeoutError`` once it has passed, which the trainer counts
+as a timed-out rollout that keeps its tokens and reward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from harness_grpo.session_protocol import HarnessSession, ProxyEndpoint, VerifyResult
+from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.trace import TrainingTrace
+
+ModelStep = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], dict[str, Any]]
+"""``model_step(messages, tools)`` -> the assistant message (``content``, ``tool_calls``) of one call."""
+
+
+@dataclass(frozen=True)
+class HarnessRunLimits:
+    """What a white-box loop may spend: model calls, and the sampling policy the session pins."""
+
+    max_turns: int = 8
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class HarnessAdapter(Protocol):
+    """Runs the tool loop of one rollout; returns when the episode is over."""
+
+    def run_white_box(self, model_step: ModelStep, session: Any, limits: HarnessRunLimits) -> None: ...
+
+
+class ModelStepError(RuntimeError):
+    """A model call through the proxy failed (the HTTP status and the proxy's message)."""
+
+
+class WhiteBoxSession:
+    """One white-box rollout: the user's session plus a proxy session that records the model calls."""
+
+    def __init__(self, factory: WhiteBoxSessionFactory, inner: HarnessSession, *, seed: int, episode_id: str) -> None:
+        self.inner = inner
+        self._factory = factory
+        self._admin = factory.admin
+        self.session_id: str | None = factory.admin.create_session(
+            purpose="train",
+            sampling=factory.sampling,
+            max_model_calls=factory.limits.max_turns,
+            max_output_tokens=factory.max_output_tokens,
+            metadata={"episode_id": episode_id, "seed": seed, "mode": "white-box"},
+        )
+        self._deadline: float | None = None
+
+    def model_step(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One chat completion through the proxy as this rollout's session; the assistant message."""
+        assert self.session_id is not None
+        timeout = None if self._deadline is None else self._deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            raise TimeoutError("the rollout's time is up")
+        body: dict[str, Any] = {"model": self._factory.model_name, "messages": messages}
+        if tools:
+            body["tools"] = tools
+        request = urllib.request.Request(
+            f"{self._factory.proxy.base_url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.session_id}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                reply = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise ModelStepError(f"model call failed: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            raise ModelStepError(f"model call failed: {exc}") from exc
+        return reply["choices"][0]["message"]
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._factory.adapter.run_white_box(self.model_step, self.inner, self._factory.limits)
+        return 0
+
+    def fetch_training_trace(self) -> TrainingTrace:
+        assert self.session_id is not None
+        return self._admin.trace(self.session_id)
+
+    def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
+        return self.inner.verify(transcript, final_state)
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            if self.session_id is not None:
+                with contextlib.suppress(ProxyClientError):
+                    self._admin.delete(self.session_id)
+                self.session_id = None
+
+
+class WhiteBoxSessionFactory:
+    """Wraps the user's factory (built by the trainer like any other) so that ``adapter`` runs each rollout."""
+
+    def __init__(
+        self,
+        inner: Any,
+        adapter: HarnessAdapter,
+        *,
+        proxy: ProxyEndpoint,
+        sampling: Mapping[str, Any],
+        max_turns: int,
+        max_output_tokens: int | None = None,
+        model_name: str = "policy",
+    ) -> None:
+        if not isinstance(adapter, HarnessAdapter):
+            raise TypeError(f"{type(adapter).__name__} has no run_white_box(model_step, session, limits)")
+        if max_turns < 1:
+            raise ValueError("max_turns must be >= 1")
+        self.inner = inner
+        self.adapter = adapter
+        self.proxy = proxy
+        self.admin = ProxyAdminClient(proxy.base_url, proxy.admin_key)
+        self.sampling = dict(sampling)
+        self.limits = HarnessRunLimits(max_turns=max_turns, sampling=dict(sampling))
+        self.max_output_tokens = max_output_tokens
+        self.model_name = model_name
+
+    def create(self, task: Mapping[str, Any], *, seed: int, episode_id: str) -> WhiteBoxSession:
+        inner = self.inner.create(task, seed=seed, episode_id=episode_id)
+        try:
+            return WhiteBoxSession(self, inner, seed=seed, episode_id=episode_id)
+        except BaseException:
+            inner.close()
+            raise
