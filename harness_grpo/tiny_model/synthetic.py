@@ -67,7 +67,7 @@ OPENCODE_TOOLS = [
                 "timeout": _n("Optional timeout in milliseconds"),
                 "description": _s("Clear, concise description of what this command does in 5-10 words."),
             },
-            ["command", "description"],
+            ["command"],
         ),
     ),
     _tool(
@@ -382,6 +382,100 @@ CODEX_TOOLS = [
     ),
 ]
 
+# Codex CLI since 0.1xx: a unified exec tool plus goal/stdin tools (the legacy set above is still served by
+# older versions and other harnesses).
+CODEX_EXEC_TOOLS = [
+    _tool(
+        "exec_command",
+        "Runs a command in a PTY, returning output or a session ID for ongoing interaction.",
+        _obj(
+            {
+                "cmd": _s("Shell command to execute."),
+                "workdir": _s("Optional working directory to run the command in; defaults to the turn cwd."),
+                "yield_time_ms": _n("How long to wait (in milliseconds) for output before yielding."),
+                "max_output_tokens": _n("Maximum number of tokens to return. Excess output will be truncated."),
+                "tty": _b("Whether to allocate a TTY for the command. Defaults to false."),
+            },
+            ["cmd"],
+        ),
+    ),
+    _tool(
+        "write_stdin",
+        "Writes characters to an existing unified exec session and returns recent output.",
+        _obj(
+            {"session_id": _n("Identifier of the running unified exec session."), "chars": _s("Bytes to write.")},
+            ["session_id"],
+        ),
+    ),
+    _tool(
+        "request_user_input",
+        "Request user input for one to three short questions and wait for the response.",
+        _obj({"questions": {"type": "array", "items": {"type": "string"}}}, ["questions"]),
+    ),
+    _tool(
+        "view_image",
+        "View a local image from the filesystem (only use if given a full filepath by the user).",
+        _obj({"path": _s("Local filesystem path to an image file")}, ["path"]),
+    ),
+    _tool("get_goal", "Get the current goal of this thread, if any.", _obj({}, [])),
+    _tool(
+        "create_goal",
+        "Create a goal for this thread when the user asks for a long-running objective.",
+        _obj({"objective": _s("The objective."), "token_budget": {"type": "integer"}}, ["objective"]),
+    ),
+    _tool(
+        "update_goal",
+        "Update the status of the current goal: active, paused or complete.",
+        _obj({"status": {"type": "string", "enum": ["active", "paused", "complete"]}}, ["status"]),
+    ),
+]
+
+# Tools that newer agent versions list beside the ones above and that the chats never call.
+EXTRA_TOOLS = {
+    "opencode": [
+        _tool(
+            "skill",
+            "Load a skill: a folder of instructions and scripts for a specialised task.",
+            _obj({"name": _s("The name of the skill")}, ["name"]),
+        ),
+    ],
+    "claude-code": [
+        _tool(
+            "Agent",
+            "Launch a new agent to handle complex, multi-step tasks autonomously.",
+            _obj(
+                {"description": _s("A short description of the task"), "prompt": _s("The task for the agent")},
+                ["description", "prompt"],
+            ),
+        ),
+        _tool(
+            "ToolSearch",
+            "Search for deferred tools by keyword and load their schemas.",
+            _obj({"query": _s("What to search for"), "max_results": _n("At most this many")}, ["query", "max_results"]),
+        ),
+        _tool(
+            "Skill",
+            "Execute a skill within the main conversation.",
+            _obj({"skill": _s("The skill name"), "args": _s("Optional arguments")}, ["skill"]),
+        ),
+    ],
+    "codex": [],
+    "mini": [],
+}
+
+MINI_TOOLS = [
+    _tool(
+        "bash",
+        "Execute a bash command",
+        {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
+            "required": ["command"],
+        },
+    ),
+]
+
+WORKFLOW_ACTIONS = ("list", "read", "search", "edit", "write", "run", "verify", "plan", "fetch", "delegate")
 # Which tool each agent family uses for an abstract action; the first name present in a chat's set wins.
 FAMILIES: dict[str, tuple[list[dict[str, Any]], dict[str, list[str]]]] = {
     "opencode": (
@@ -411,26 +505,28 @@ FAMILIES: dict[str, tuple[list[dict[str, Any]], dict[str, list[str]]]] = {
             "verify": ["Bash"],
             "plan": ["TodoWrite", "Bash"],
             "fetch": ["WebFetch", "Bash"],
-            "delegate": ["Task", "Bash"],
+            "delegate": ["Task", "Agent", "Bash"],
         },
     ),
     "codex": (
         CODEX_TOOLS,
         {
-            "list": ["shell"],
-            "read": ["shell"],
-            "search": ["shell"],
-            "edit": ["apply_patch", "shell"],
-            "write": ["apply_patch", "shell"],
-            "run": ["shell"],
-            "verify": ["shell"],
-            "plan": ["update_plan", "shell"],
-            "fetch": ["shell"],
-            "delegate": ["shell"],
+            "list": ["shell", "exec_command"],
+            "read": ["shell", "exec_command"],
+            "search": ["shell", "exec_command"],
+            "edit": ["apply_patch", "shell", "exec_command"],
+            "write": ["apply_patch", "shell", "exec_command"],
+            "run": ["shell", "exec_command"],
+            "verify": ["shell", "exec_command"],
+            "plan": ["update_plan", "shell", "exec_command"],
+            "fetch": ["shell", "exec_command"],
+            "delegate": ["shell", "exec_command"],
         },
     ),
+    "mini": (MINI_TOOLS, {action: ["bash"] for action in WORKFLOW_ACTIONS}),
 }
-CORE_TOOL = {"opencode": "bash", "claude-code": "Bash", "codex": "shell"}
+CORE_TOOL = {"opencode": "bash", "claude-code": "Bash", "codex": "shell", "mini": "bash"}
+"""Each family's shell tool: always listed (codex's current versions list ``exec_command`` instead)."""
 
 WORKDIRS = ["/app", "/workspace", "/testbed", "/repo"]
 PACKAGES = ["app", "calc", "src", "lib"]
@@ -467,6 +563,46 @@ USER_TASKS = [
     "Write a script that counts the lines in every .py file.",
     "Solve the task described in /app/instruction.md.",
     "Why does `{cmd}` fail? Investigate and fix it.",
+]
+FILE_NAMES = ["hello.txt", "notes.txt", "out.txt", "answer.txt", "data.csv", "todo.md", "greeting.txt"]
+FILE_WORDS = ["hi", "hello", "done", "42", "ok", "yes", "world", "test"]
+# Small shell chores: (task, [(command, output)], final answer); {name} and {word} are filled per chat.
+SHELL_CHORES = [
+    (
+        "Create a file named {name} containing the word {word}. Use the shell.",
+        [("echo {word} > {name}", ""), ("cat {name}", "{word}")],
+        "Created {name} containing {word}.",
+    ),
+    (
+        "Write {word} into {name}.",
+        [("printf '{word}\\n' > {name}", "")],
+        "Done: {name} holds {word}.",
+    ),
+    (
+        "List the files in the current directory.",
+        [("ls", "{name}\nREADME.md")],
+        "The directory holds {name} and README.md.",
+    ),
+    (
+        "Show the contents of {name}.",
+        [("cat {name}", "{word}")],
+        "{name} contains {word}.",
+    ),
+    (
+        "Make a directory named out and put {name} with the word {word} in it.",
+        [("mkdir -p out", ""), ("echo {word} > out/{name}", ""), ("ls out", "{name}")],
+        "Created out/{name}.",
+    ),
+    (
+        "Count the lines of {name}.",
+        [("wc -l {name}", "1 {name}")],
+        "{name} has 1 line.",
+    ),
+    (
+        "Delete {name} if it exists, then confirm it is gone.",
+        [("rm -f {name}", ""), ("ls", "README.md")],
+        "Removed {name}.",
+    ),
 ]
 # What a coding chat does before its final, passing test run ("verify").
 WORKFLOWS = [
@@ -587,30 +723,28 @@ def _run_output(p: Project, rng: random.Random, cmd: str, passing: bool) -> str:
 def _coding_call(family: str, tool: str, action: str, p: Project, rng: random.Random) -> tuple[Args, str]:
     """Arguments for ``tool`` performing ``action`` on project ``p``, and the tool's result text.
 
-    Each tool has one argument shape (its required keys, and ``description`` for bash tools).
+    Each tool has one argument shape: its required keys.
     Tests fail when run by ``run`` and pass when run by ``verify``, the last action of every coding chat.
     """
     target = rng.choice([p.file, p.test, "README.md"])
-    if tool in ("bash", "Bash", "shell"):
-        cmd, description = {
-            "list": ("ls", "List files"),
-            "read": (f"cat {target}", "Show file contents"),
-            "search": (f"grep -rn {p.func} .", "Search the code"),
-            "edit": (f"sed -i 's/total = 0/total = 1/' {p.file}", "Edit the file"),
-            "write": ("echo 'print(1)' > hello.py", "Write a file"),
-            "run": (rng.choice(TEST_CMDS + MISC_CMDS), "Run the command"),
-            "verify": (rng.choice(TEST_CMDS), "Run tests"),
-            "plan": ("git status", "Check repository state"),
-            "fetch": ("curl -s https://example.com", "Fetch the page"),
-            "delegate": (rng.choice(TEST_CMDS), "Run tests"),
+    if tool in ("bash", "Bash", "shell", "exec_command"):
+        cmd = {
+            "list": "ls",
+            "read": f"cat {target}",
+            "search": f"grep -rn {p.func} .",
+            "edit": f"sed -i 's/total = 0/total = 1/' {p.file}",
+            "write": "echo 'print(1)' > hello.py",
+            "run": rng.choice(TEST_CMDS + MISC_CMDS),
+            "verify": rng.choice(TEST_CMDS),
+            "plan": "git status",
+            "fetch": "curl -s https://example.com",
+            "delegate": rng.choice(TEST_CMDS),
         }[action]
         if action == "search":
             result = f"{p.file}:1:def {p.func}(values):"
         else:
             result = _run_output(p, rng, cmd, passing=action == "verify")
-        if tool == "shell":
-            return {"command": ["bash", "-lc", cmd]}, result
-        return {"command": cmd, "description": description}, result
+        return _shell_args(tool, cmd), result
     path_key = "filePath" if family == "opencode" else "file_path"
     old_key, new_key = ("oldString", "newString") if family == "opencode" else ("old_string", "new_string")
     if tool in ("list", "LS"):
@@ -648,7 +782,7 @@ def _coding_call(family: str, tool: str, action: str, p: Project, rng: random.Ra
         return {"url": "https://docs.python.org/3/", "format": "markdown"}, "# Python documentation"
     if tool == "WebFetch":
         return {"url": "https://docs.python.org/3/", "prompt": "Summarise"}, "Python documentation."
-    if tool in ("task", "Task"):
+    if tool in ("task", "Task", "Agent"):
         args = {"description": "Find the bug", "prompt": f"Find the bug in {p.func}.", "subagent_type": "general"}
         return args, f"The bug is {p.issue} in {p.file}."
     raise ValueError(f"no action {action!r} for tool {tool!r}")
@@ -784,6 +918,7 @@ AGENT_INTROS = {
         "You are a coding agent running in the Codex CLI, a terminal-based coding assistant. You are expected "
         "to be precise, safe, and helpful."
     ),
+    "mini": "You are a helpful assistant that can interact with a computer.",
     "generic": "You are a helpful assistant with access to tools.",
 }
 SECTION_TITLES = [
@@ -829,7 +964,7 @@ FILLER = [
 def system_prompt(rng: random.Random, family: str, workdir: str, target_chars: int) -> str:
     """An agent-style system prompt of about ``target_chars`` characters (intro, env block, filler sections)."""
     parts = [AGENT_INTROS[family]]
-    if family != "generic":
+    if family not in ("generic", "mini"):
         parts.append(f"<env>\nWorking directory: {workdir}\nIs directory a git repo: yes\nPlatform: linux\n</env>")
     size = sum(len(x) for x in parts)
     while size < target_chars:
@@ -842,17 +977,28 @@ def system_prompt(rng: random.Random, family: str, workdir: str, target_chars: i
 
 
 def _pick_tools(rng: random.Random, family: str) -> list[dict[str, Any]]:
+    """The family's tools (core shell tool always kept), some generic ones, often verbose as real agents' are."""
     if family == "generic":
         names = rng.sample(sorted(GENERIC_TOOLS), rng.randint(1, 8))
         return [GENERIC_TOOLS[n].schema for n in names]
+    if family == "mini":
+        return copy.deepcopy(MINI_TOOLS)
     tools = FAMILIES[family][0]
+    if family == "codex" and rng.random() < 0.6:
+        tools = CODEX_EXEC_TOOLS
+    core = {CORE_TOOL[family], "exec_command"}
     p_keep = rng.uniform(0.5, 1.0)
-    keep = [t for t in tools if t["function"]["name"] == CORE_TOOL[family] or rng.random() < p_keep]
+    keep = [t for t in tools + EXTRA_TOOLS[family] if t["function"]["name"] in core or rng.random() < p_keep]
     if rng.random() < 0.2:
         keep += [GENERIC_TOOLS[n].schema for n in rng.sample(sorted(GENERIC_TOOLS), rng.randint(1, 3))]
     if rng.random() < 0.5:
         rng.shuffle(keep)
-    return copy.deepcopy(keep)
+    keep = copy.deepcopy(keep)
+    if rng.random() < 0.3:  # real agents' tool descriptions run to thousands of characters
+        for tool in keep:
+            extra = [rng.choice(FILLER) for _ in range(rng.randint(2, 40))]
+            tool["function"]["description"] += "\n\n" + "\n".join(f"- {line}" for line in extra)
+    return keep
 
 
 def _call(name: str, args: Args) -> dict[str, Any]:
@@ -861,13 +1007,13 @@ def _call(name: str, args: Args) -> dict[str, Any]:
 
 def _system_chars(rng: random.Random) -> int:
     r = rng.random()
-    if r < 0.15:
+    if r < 0.12:
         return 0
-    if r < 0.6:
+    if r < 0.5:
         return rng.randint(50, 600)
-    if r < 0.88:
-        return rng.randint(600, 2500)
-    return rng.randint(6000, 24000)
+    if r < 0.8:
+        return rng.randint(600, 4000)
+    return rng.randint(4000, 24000)
 
 
 @dataclass(frozen=True)
@@ -880,11 +1026,17 @@ class Setting:
     workdir: str
 
 
-def _setting(rng: random.Random, system_chars: int | None) -> Setting:
-    family = rng.choices(["opencode", "claude-code", "codex", "generic"], weights=[3, 3, 2, 3])[0]
+FAMILY_NAMES = ["opencode", "claude-code", "codex", "mini", "generic"]
+
+
+def _setting(rng: random.Random, system_chars: int | None, family: str | None = None) -> Setting:
+    """A random setting. Agent families always get a system prompt (agents always send one)."""
+    family = family or rng.choice(FAMILY_NAMES)
     workdir = rng.choice(WORKDIRS)
     tools = _pick_tools(rng, family)
     chars = _system_chars(rng) if system_chars is None else system_chars
+    if family != "generic":
+        chars = max(chars, 1)
     return Setting(family, tools, system_prompt(rng, family, workdir, chars) if chars else None, workdir)
 
 
@@ -897,6 +1049,30 @@ def _actions(rng: random.Random) -> list[str]:
     return [*actions[: n_calls - 1], "verify"]
 
 
+def _shell_args(tool: str, cmd: str) -> Args:
+    """A shell tool's required arguments only: the shape every agent accepts."""
+    if tool == "shell":
+        return {"command": ["bash", "-lc", cmd]}
+    if tool == "exec_command":
+        return {"cmd": cmd}
+    return {"command": cmd}
+
+
+def _chore_chat(rng: random.Random, setting: Setting, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """A small shell chore done with the family's shell tool (the tool every agent family keeps)."""
+    names = [t["function"]["name"] for t in setting.tools]
+    tool = next(n for n in (CORE_TOOL[setting.family], "exec_command", "bash", "Bash", "shell") if n in names)
+    task, steps, final = rng.choice(SHELL_CHORES)
+    fill = {"name": rng.choice(FILE_NAMES), "word": rng.choice(FILE_WORDS)}
+    messages.append({"role": "user", "content": task.format(**fill)})
+    for cmd, output in steps:
+        args = _shell_args(tool, cmd.format(**fill))
+        messages.append({"role": "assistant", "content": "", "tool_calls": [_call(tool, args)]})
+        messages.append({"role": "tool", "content": output.format(**fill)})
+    messages.append({"role": "assistant", "content": final.format(**fill)})
+    return {"messages": messages, "tools": copy.deepcopy(setting.tools)}
+
+
 def _chat(rng: random.Random, setting: Setting) -> dict[str, Any]:
     project = _project(rng, setting.workdir)
     tools = copy.deepcopy(setting.tools)
@@ -906,6 +1082,8 @@ def _chat(rng: random.Random, setting: Setting) -> dict[str, Any]:
         user, answer = rng.choice(GREETINGS)
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
         return {"messages": messages, "tools": tools}
+    if setting.family != "generic" and rng.random() < 0.35:
+        return _chore_chat(rng, setting, messages)
     if setting.family == "generic":
         # 1-3 exchanges: each user request names one task, answered by one call and a short reply.
         for _ in range(rng.choices([1, 2, 3], weights=[3, 2, 1])[0]):
@@ -938,6 +1116,9 @@ def _chat(rng: random.Random, setting: Setting) -> dict[str, Any]:
         calls.append((tool, args))
         results.append(result)
     final = rng.choice(FINAL_ANSWERS).format(**fill)
+    if setting.family == "mini":  # mini-swe-agent wraps the task in its workflow instructions
+        rules = "\n".join(f"- {rng.choice(FILLER)}" for _ in range(rng.randint(3, 30)))
+        user = f"Please solve this issue: {user}\n\n## Recommended Workflow\n\n{rules}"
     messages.append({"role": "user", "content": user})
     for (name, args), result in zip(calls, results, strict=True):
         content = rng.choice(PREFACES) if rng.random() < 0.05 else ""
@@ -950,12 +1131,14 @@ def _chat(rng: random.Random, setting: Setting) -> dict[str, Any]:
 def synthetic_chats(n: int, seed: int, group_size: int = 1) -> list[dict[str, Any]]:
     """``n`` chats, deterministic in ``(n, seed, group_size)``.
 
-    Each run of ``group_size`` consecutive chats (from the start) shares its system prompt and tool list.
+    Each run of ``group_size`` consecutive chats (from the start) shares its system prompt and tool list;
+    runs cycle through ``FAMILY_NAMES``, so that consecutive training steps alternate families rather than
+    drift towards one family's tool names.
     """
     rng = random.Random(seed)
     chats: list[dict[str, Any]] = []
     while len(chats) < n:
-        setting = _setting(rng, None)
+        setting = _setting(rng, None, FAMILY_NAMES[len(chats) // group_size % len(FAMILY_NAMES)])
         chats += [_chat(rng, setting) for _ in range(group_size)]
     return chats[:n]
 
@@ -963,7 +1146,8 @@ def synthetic_chats(n: int, seed: int, group_size: int = 1) -> list[dict[str, An
 def heldout_prompts(n: int, seed: int, system_chars: int | None = None) -> list[dict[str, Any]]:
     """``n`` prompts (``messages``, ``tools``) that each end just before an assistant tool-call turn.
 
-    Cut at the first such turn or a later one; ``system_chars`` fixes the system prompt length (0: none).
+    Cut at the first such turn or a later one; ``system_chars`` fixes the system prompt length
+    (0: none, except the short intro that agent families always get).
     """
     rng = random.Random(seed)
     prompts = []

@@ -34,9 +34,9 @@ from harness_grpo.tiny_model.build import cached_build, recipe_digest, tiny_mode
 WARM_RECIPE = {
     "seed": 1234,
     "data_seed": 1,
-    "steps": 500,
-    "group_size": 6,
-    "long_group_size": 10,
+    "steps": 600,
+    "group_size": 4,
+    "long_group_size": 6,
     "long_prefix_tokens": 2500,
     "lr": 3e-3,
     "min_lr_ratio": 0.1,
@@ -138,17 +138,24 @@ def _collate(rows: list[tuple[list[int], list[float]]], pad_id: int) -> tuple[to
 
 
 def group_loss(
-    model: torch.nn.Module, prefix: list[int], rows: list[tuple[list[int], list[float]]], pad_id: int
+    model: torch.nn.Module,
+    prefix: list[int],
+    rows: list[tuple[list[int], list[float]]],
+    pad_id: int,
+    prefix_grad: bool = True,
 ) -> torch.Tensor:
     """Weighted mean next-token loss over the tokens of ``prefix + row`` (every row) with weight > 0.
 
     Weights are 0 off assistant tokens (see ``name_weights``). The shared prefix runs once and its KV
-    cache is repeated per row, so the loss and its gradient equal those of the full sequences at a
-    fraction of the cost. Rows are right-padded and need no attention mask: causal rows never attend to
-    the pads after them. Logits are computed only at positions that predict a weighted token.
+    cache is repeated per row, so the loss equals that of the full sequences at a fraction of the cost
+    (and so does the gradient, unless ``prefix_grad`` is False: then no gradient flows through the
+    prefix's keys and values, which makes long prefixes several times cheaper). Rows are right-padded
+    and need no attention mask: causal rows never attend to the pads after them. Logits are computed
+    only at positions that predict a weighted token.
     """
     ids, weights = _collate(rows, pad_id)
-    cache = model.model(input_ids=torch.tensor([prefix]), use_cache=True).cache
+    with torch.set_grad_enabled(prefix_grad and torch.is_grad_enabled()):
+        cache = model.model(input_ids=torch.tensor([prefix]), use_cache=True).cache
     cache.batch_repeat_interleave(len(rows))
     hidden = model.model(input_ids=ids, cache=cache).last_hidden_state
     target = weights[:, 1:] > 0
@@ -161,7 +168,9 @@ def group_loss(
 def train_warm_model(base: Path, dest: Path, recipe: dict[str, Any] = WARM_RECIPE) -> dict[str, Any]:
     """SFT the model at ``base`` on synthetic chats per ``recipe``; save it to ``dest``; return stats.
 
-    One step is one group of chats sharing a system prompt and tool list (see ``_group``).
+    One step is one group of chats sharing a system prompt and tool list (see ``_group``); groups
+    cycle through the agent families (see ``synthetic.synthetic_chats``). Long prefixes (real agents
+    send 8-16k tokens of instructions and tool schemas) train without gradient through the prefix.
     """
     torch.set_num_threads(recipe["threads"])
     torch.manual_seed(recipe["seed"])
@@ -192,7 +201,8 @@ def train_warm_model(base: Path, dest: Path, recipe: dict[str, Any] = WARM_RECIP
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     losses, tokens, supervised = [], 0, 0
     for prefix, rows in groups:
-        loss = group_loss(model, prefix, rows, tokenizer.pad_token_id)
+        long = len(prefix) >= recipe["long_prefix_tokens"]
+        loss = group_loss(model, prefix, rows, tokenizer.pad_token_id, prefix_grad=not long)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe["grad_clip"])
         optimizer.step()

@@ -146,12 +146,15 @@ def run_opencode(
     home: Path,
     max_steps: int = 6,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    system_prompt: str | None = None,
 ) -> AgentRun:
     """``opencode run`` with a custom OpenAI-compatible provider at ``<base_url>/v1``.
 
     ``small_model`` is the same model, so opencode's title call goes through the proxy too (an
     auxiliary, toolless call). ``steps`` bounds the build agent's loop; every permission is allowed
     (nobody is there to answer a prompt). models.dev, autoupdate, sharing and LSP downloads are off.
+    With ``system_prompt`` (see ``SMALL_MODEL_PROMPT``), the build agent's prompt is replaced and it
+    keeps only its ``bash`` tool, opencode's own settings for small models.
     """
     binary = _require("opencode")
     config = {
@@ -171,6 +174,9 @@ def run_opencode(
         "permission": {"*": "allow"},
         "agent": {"build": {"steps": max_steps}},
     }
+    if system_prompt is not None:
+        config["agent"]["build"]["prompt"] = system_prompt
+        config["permission"] = {"*": "deny", "bash": "allow"}
     (workdir / "opencode.json").write_text(json.dumps(config, indent=2))
     env = hermetic_env(
         home,
@@ -196,18 +202,24 @@ def run_codex(
     workdir: Path,
     home: Path,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    system_prompt: str | None = None,
 ) -> AgentRun:
     """``codex exec`` with a custom Responses-API provider at ``<base_url>/v1`` and no sandbox.
 
     ``CODEX_HOME`` is ``home/.codex`` holding only our ``config.toml``; the key travels in
     ``HARNESS_API_KEY`` (the provider's ``env_key``). codex has no step-limit flag: the proxy's
     ``max_model_calls`` bounds the session (its budget reply is plain text, which ends codex's turn).
+    With ``system_prompt``, it replaces codex's base instructions (``model_instructions_file``).
     """
     binary = _require("codex")
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
+    instructions = ""
+    if system_prompt is not None:
+        (codex_home / "instructions.md").write_text(system_prompt)
+        instructions = f'model_instructions_file = "{codex_home / "instructions.md"}"\n'
     (codex_home / "config.toml").write_text(
-        f'model = "{model}"\n'
+        instructions + f'model = "{model}"\n'
         'model_provider = "harness"\n'
         'approval_policy = "never"\n'
         'sandbox_mode = "danger-full-access"\n'
@@ -257,12 +269,14 @@ def run_claude(
     home: Path,
     max_turns: int = 6,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    system_prompt: str | None = None,
 ) -> AgentRun:
     """``claude -p`` against ``ANTHROPIC_BASE_URL`` = the proxy root (claude appends ``/v1/messages``).
 
     Every model alias (main, haiku/sonnet/opus defaults, subagents) is pinned to ``model`` so the
     extra calls claude-code makes (titles, quota checks, small-model helpers) also reach the proxy.
-    As root, ``--dangerously-skip-permissions`` needs ``IS_SANDBOX=1``.
+    As root, ``--dangerously-skip-permissions`` needs ``IS_SANDBOX=1``. With ``system_prompt``:
+    ``--system-prompt`` and ``--tools Bash``.
     """
     binary = _require("claude")
     env = hermetic_env(
@@ -295,6 +309,8 @@ def run_claude(
         "--output-format",
         "json",
     ]
+    if system_prompt is not None:
+        argv += ["--system-prompt", system_prompt, "--tools", "Bash"]
     return run_process("claude-code", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s)
 
 
@@ -308,12 +324,14 @@ def run_mini(
     home: Path,
     step_limit: int = 8,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    system_prompt: str | None = None,
 ) -> AgentRun:
     """mini-swe-agent's ``mini`` CLI, non-interactive (``-y --exit-immediately``), LiteLLM ``openai/<model>``.
 
     The global config dir is under ``home`` and ``MSWEA_CONFIGURED`` skips the first-run wizard;
     cost tracking ignores the unknown model; LiteLLM uses its bundled cost map (no fetch). The
-    trajectory goes to ``home/mini.traj.json`` (``run.files["trajectory"]``).
+    trajectory goes to ``home/mini.traj.json`` (``run.files["trajectory"]``). Its prompts are short
+    already; ``system_prompt`` replaces its system template.
     """
     binary = _require("mini")
     env = hermetic_env(
@@ -344,6 +362,7 @@ def run_mini(
         f"agent.step_limit={step_limit}",
         "-c",
         "agent.cost_limit=0",
+        *(["-c", f"agent.system_template={json.dumps(system_prompt)}"] if system_prompt is not None else []),
         "-o",
         str(trajectory),
     ]
@@ -359,5 +378,11 @@ def _require(name: str) -> Path:
         raise FileNotFoundError(f"{agent} is not installed; run launchers/install_agents.sh")
     return binary
 
+
+SMALL_MODEL_PROMPT = (
+    "You are a coding agent in a terminal. Use the bash tool to run shell commands in the working "
+    "directory. Answer briefly when the task is done."
+)
+"""A short system prompt for small models: every agent's own prompt and tool schemas fill 8-16k tokens."""
 
 RUNNERS = {"opencode": run_opencode, "codex": run_codex, "claude-code": run_claude, "mini-swe-agent": run_mini}

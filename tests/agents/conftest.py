@@ -21,6 +21,9 @@ The engine is pluggable (``HARNESS_AGENT_ENGINE``):
 ``http://host:port``
     An engine already running there (vLLM on a GPU box, say).
 
+``warm_tiny_stack`` is a second stack, always on the embedded engine with the warm-started tiny
+model, for the tests that the issue asks to run on it.
+
 Everything runs in one background event loop (``LoopThread``) so the tests stay synchronous while
 the agent subprocesses talk to the proxy.
 """
@@ -38,6 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,9 +249,9 @@ def _embedded_model() -> str:
     return str(warm_tiny_model_path())
 
 
-def _start_embedded(log_dir: Path, timeout_s: float = 900.0) -> EngineHandle:
+def _start_embedded(log_dir: Path, timeout_s: float = 900.0, model: str | None = None) -> EngineHandle:
     """``python -m harness_grpo.engine`` on a free port; waits for its ``engine ready: URL`` line."""
-    model = _embedded_model()
+    model = model or _embedded_model()
     log_path = log_dir / "engine.log"
     argv = [sys.executable, "-m", "harness_grpo.engine", "--model", model, "--port", "0", "--log-level", "WARNING"]
     with log_path.open("w") as log:
@@ -324,6 +328,16 @@ def engine_choice() -> str:
     return os.environ.get("HARNESS_AGENT_ENGINE", "fake").strip() or "fake"
 
 
+def _stop_process(handle: EngineHandle) -> None:
+    assert handle.process is not None
+    handle.process.terminate()
+    try:
+        handle.process.wait(30)
+    except subprocess.TimeoutExpired:
+        handle.process.kill()
+        handle.process.wait()
+
+
 @pytest.fixture(scope="session")
 def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
     """The engine behind the proxy (see the module docstring); the fake one is started by ``agent_stack``."""
@@ -335,43 +349,36 @@ def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHan
         try:
             yield handle
         finally:
-            assert handle.process is not None
-            handle.process.terminate()
-            try:
-                handle.process.wait(30)
-            except subprocess.TimeoutExpired:
-                handle.process.kill()
-                handle.process.wait()
+            _stop_process(handle)
     elif choice.startswith("http"):
         yield EngineHandle("external", choice.rstrip("/"))
     else:
         raise pytest.UsageError(f"HARNESS_AGENT_ENGINE must be fake, embedded or an http URL, not {choice!r}")
 
 
-@pytest.fixture(scope="session")
-def agent_stack(agent_engine: EngineHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
-    """engine <- RecordingRelay <- CaptureProxy, in one background loop, for the whole test session."""
+@contextmanager
+def running_stack(engine: EngineHandle, journal_dir: Path) -> Iterator[AgentStack]:
+    """engine <- RecordingRelay <- CaptureProxy in one background loop (the fake engine is started here)."""
     loop = LoopThread()
-    journal_dir = tmp_path_factory.mktemp("proxy-journal")
 
     async def start() -> AgentStack:
-        if agent_engine.kind == "fake":
-            agent_engine.fake = ToolLoopFakeVLLM()
-            agent_engine.url = f"http://127.0.0.1:{await agent_engine.fake.start()}"
-        relay = RecordingRelay(agent_engine.url)
+        if engine.kind == "fake":
+            engine.fake = ToolLoopFakeVLLM()
+            engine.url = f"http://127.0.0.1:{await engine.fake.start()}"
+        relay = RecordingRelay(engine.url)
         relay_url = await relay.start()
         config = ProxyConfig(
             engine_url=relay_url, journal_dir=journal_dir, port=0, upstream_backoff_s=0.2, keepalive_s=2.0
         )
         proxy = CaptureProxy(config)
         port = await proxy.start()
-        return AgentStack(agent_engine, relay, proxy, f"http://127.0.0.1:{port}")
+        return AgentStack(engine, relay, proxy, f"http://127.0.0.1:{port}")
 
     async def stop(stack: AgentStack) -> None:
         await stack.proxy.stop()
         await stack.relay.stop()
-        if agent_engine.fake is not None:
-            await agent_engine.fake.stop()
+        if engine.fake is not None:
+            await engine.fake.stop()
 
     stack = loop.run(start())
     try:
@@ -379,3 +386,23 @@ def agent_stack(agent_engine: EngineHandle, tmp_path_factory: pytest.TempPathFac
     finally:
         loop.run(stop(stack))
         loop.close()
+
+
+@pytest.fixture(scope="session")
+def agent_stack(agent_engine: EngineHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
+    """The stack on ``HARNESS_AGENT_ENGINE``'s engine, for the whole test session."""
+    with running_stack(agent_engine, tmp_path_factory.mktemp("proxy-journal")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def warm_tiny_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentStack]:
+    """The stack on the embedded engine serving the warm-started tiny model, whatever ``HARNESS_AGENT_ENGINE`` says."""
+    from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
+
+    handle = _start_embedded(tmp_path_factory.mktemp("warm-engine"), model=str(warm_tiny_model_path()))
+    try:
+        with running_stack(handle, tmp_path_factory.mktemp("warm-proxy-journal")) as stack:
+            yield stack
+    finally:
+        _stop_process(handle)

@@ -15,6 +15,10 @@ With the fake engine the tests also check that the agent really executed the mod
 (``harness_steps.txt`` in its working directory) and that its turns were linked into one capture
 path by exact token prefix.
 
+``test_agent_session_on_the_warm_tiny_model`` runs each agent against the embedded engine serving
+the warm-started tiny model (its own stack, whatever ``HARNESS_AGENT_ENGINE`` selects): every session
+captured exactly, and a multi-turn session within a few attempts (see its docstring).
+
 Skipped, with the reason, only when the CLI is not installed (``launchers/install_agents.sh``).
 """
 
@@ -28,7 +32,7 @@ from typing import Any
 import pytest
 from openenv.core.harness.training import TrainingTrace
 
-from tests.agents.agent_runners import AGENTS, RUNNERS, AgentRun, agent_binary
+from tests.agents.agent_runners import AGENTS, RUNNERS, SMALL_MODEL_PROMPT, AgentRun, agent_binary
 from tests.agents.conftest import STEPS_FILE, AgentStack, ServedCall, engine_choice
 
 AGENT_MODEL = "harness-model"
@@ -42,6 +46,9 @@ BUDGET_CALLS = 3 if REAL_ENGINE else 4
 MAX_OUTPUT_TOKENS = int(os.environ.get("HARNESS_AGENT_MAX_OUTPUT_TOKENS", 160 if REAL_ENGINE else 256))
 RUN_TIMEOUT_S = 300.0 if REAL_ENGINE else 110.0
 TEST_TIMEOUT_S = 1200 if REAL_ENGINE else 240
+WARM_ATTEMPTS = 5
+WARM_TEMPERATURE = 0.2
+WARM_MAX_CALLS = 4
 DIALECTS = {
     "opencode": "openai_chat",
     "codex": "openai_responses",
@@ -101,15 +108,58 @@ def test_agent_stops_at_the_call_budget(agent: str, agent_stack: AgentStack, tmp
         assert len(served) == BUDGET_CALLS and stats["budget_refusals"] >= 1, (stats, run.tail())
 
 
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("agent", INSTALLED_AGENTS)
+def test_agent_session_on_the_warm_tiny_model(agent: str, warm_tiny_stack: AgentStack, tmp_path: Path) -> None:
+    """The agent against the embedded engine serving the warm-started tiny model: a real multi-turn session.
+
+    Configured as a user of a small model would (``SMALL_MODEL_PROMPT``: a short system prompt, the
+    shell tool only; each agent's own prompt and tool schemas fill 8-16k tokens, past what a 1.8M
+    parameter model keeps coherent) and sampled at temperature ``WARM_TEMPERATURE``, pinned by the
+    session. The tiny model does not always answer with a well-formed call, so the agent gets up to
+    ``WARM_ATTEMPTS`` sessions: every session must be captured exactly (the trace holds every call the
+    engine served, ids and logprobs equal), and at least one must carry a tool result back to the model.
+    """
+    outcomes = []
+    for attempt in range(WARM_ATTEMPTS):
+        run, served, trace, stats = _run_session(
+            agent,
+            warm_tiny_stack,
+            tmp_path / f"attempt{attempt}",
+            WARM_MAX_CALLS,
+            sampling={"temperature": WARM_TEMPERATURE},
+            system_prompt=SMALL_MODEL_PROMPT,
+        )
+        assert run.returncode == 0, run.tail()
+        _assert_trace_is_exact(trace, served, stats, run, min_turns=1)
+        turns = trace["turns"]
+        assert {t["metadata"]["dialect"] for t in turns} == {DIALECTS[agent]}, run.tail()
+        multi_turn = any(m.get("role") == "tool" for t in turns for m in t["request"]["messages"])
+        outcomes.append(f"attempt {attempt}: {len(turns)} calls, tool result sent back: {multi_turn}")
+        if multi_turn:
+            break
+    print(f"{agent} on the warm tiny model: " + "; ".join(outcomes))
+    assert multi_turn, f"{agent}: no multi-turn session in {WARM_ATTEMPTS} attempts: {outcomes}"
+
+
 def _run_session(
-    agent: str, stack: AgentStack, tmp_path: Path, max_model_calls: int
+    agent: str,
+    stack: AgentStack,
+    tmp_path: Path,
+    max_model_calls: int,
+    *,
+    sampling: dict[str, Any] | None = None,
+    system_prompt: str | None = None,
 ) -> tuple[AgentRun, list[ServedCall], dict[str, Any], dict[str, Any]]:
     """Run ``agent`` on ``TASK`` in a fresh session; returns the run, the engine calls, the trace and stats."""
     key, mark = stack.create_session(
-        max_model_calls=max_model_calls, max_output_tokens=MAX_OUTPUT_TOKENS, metadata={"agent": agent}
+        max_model_calls=max_model_calls,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
+        metadata={"agent": agent},
+        **({"sampling": sampling} if sampling is not None else {}),
     )
     workdir, home = tmp_path / "work", tmp_path / "home"
-    workdir.mkdir()
+    workdir.mkdir(parents=True)
     home.mkdir()
     run = RUNNERS[agent](
         base_url=stack.url,
@@ -119,6 +169,7 @@ def _run_session(
         workdir=workdir,
         home=home,
         timeout_s=RUN_TIMEOUT_S,
+        **({"system_prompt": system_prompt} if system_prompt is not None else {}),
     )
     served = stack.served_since(mark)
     trace = stack.trace(key)
@@ -132,13 +183,13 @@ def _run_session(
 
 
 def _assert_trace_is_exact(
-    trace: dict[str, Any], served: list[ServedCall], stats: dict[str, Any], run: AgentRun
+    trace: dict[str, Any], served: list[ServedCall], stats: dict[str, Any], run: AgentRun, min_turns: int = 2
 ) -> None:
     TrainingTrace.model_validate(trace)
     assert not [c for c in served if c.is_probe], "a tier probe was counted as an agent call"
     assert stats["errors"] == 0, f"the proxy refused or failed {stats['errors']} of the agent's calls\n{run.tail()}"
     turns = trace["turns"]
-    assert len(turns) >= 2, f"{run.agent}: only {len(turns)} call(s) captured\n{run.tail()}"
+    assert len(turns) >= min_turns, f"{run.agent}: only {len(turns)} call(s) captured\n{run.tail()}"
     assert len(turns) == len(served) == stats["calls"], (len(turns), len(served), stats)
     by_key: dict[tuple[tuple[int, ...], tuple[int, ...]], list[ServedCall]] = {}
     for call in served:
