@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import time
-from collections.abc import Callable
 from typing import Any
 
 from openenv.core.harness.capture.graph import RolloutGraph, TurnNode
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
+from bench.trace_export import best_ms
 from harness_grpo.rows import RowStats, rollout_rows
 from proxy.capture_graph import CaptureGraph, sequences_from_trace
 from proxy.trace import TrainingTrace
@@ -51,15 +50,6 @@ def session_json(seed: int, turns: int, first: int, sampled: int, tool: int) -> 
         graph.add_call(prompt, out, [-rng.random() for _ in out], TOOLS, {}, {})
         prompt = prompt + out + [rng.randrange(VOCAB) for _ in range(tool)]
     return graph.to_training_trace().to_json()
-
-
-def best_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3, result
 
 
 def ours(traces: list[TrainingTrace]) -> list[list[Any]]:
