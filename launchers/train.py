@@ -22,9 +22,13 @@ vLLM server started separately (``bench/vllm_weight_sync_gpu.py`` shows its flag
         --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16 \
         launchers/train.py --model Qwen/Qwen3-0.6B --vllm_server_base_url http://127.0.0.1:8000
 
-``--harness`` names the loop-owning agent. ``tool-agent`` is the one wired here; the coding-agent
-CLIs (opencode, codex, claude-code, mini-swe-agent) run through the same proxy in
-``tests/agents`` and are not yet training harnesses of this launcher.
+``--harness`` names the loop-owning agent: ``tool-agent`` (above), or a coding-agent CLI installed
+by ``launchers/install_agents.sh`` (``opencode``, ``codex``, ``claude-code``, ``mini-swe-agent``),
+each rollout one CLI process on ``examples/shell_chores.py`` (create a file holding a word; the
+verifier reads the working directory). With the tiny model the CLI is configured as for any small
+model (``SMALL_MODEL_PROMPT``: a short system prompt, its shell tool only)::
+
+    .venv/bin/python launchers/train.py --harness opencode --max_steps 10
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ sys.path.insert(0, str(REPO))
 
 from transformers import HfArgumentParser  # noqa: E402
 
-from examples import submit_task  # noqa: E402
+from examples import shell_chores, submit_task  # noqa: E402
+from harness_grpo.agent_clis import AGENTS, SMALL_MODEL_PROMPT, CLIAgentSessionFactory  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
 from harness_grpo.local_agent import LocalAgentSessionFactory  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer, latest_checkpoint  # noqa: E402
 
-HARNESSES = ("tool-agent",)
+HARNESSES = ("tool-agent", *AGENTS)
 
 CPU_DEFAULTS = {
     "output_dir": str(REPO / "runs" / "train-tiny"),
@@ -66,13 +71,29 @@ CPU_DEFAULTS = {
 }
 
 
+CLI_DEFAULTS = {
+    "num_generations": 4,
+    "groups_per_step": 1,
+    "max_staleness": 2,
+    "temperature": 0.5,
+    "max_completion_length": 128,
+    "max_model_calls": 4,
+    "rollout_timeout_s": 300.0,
+}
+"""Overrides of ``CPU_DEFAULTS`` for the coding-agent CLIs: fewer, longer rollouts."""
+
+
 @dataclass
 class LaunchArgs:
     """What to train and on which harness (the trainer's own settings are ``HarnessGRPOConfig``'s)."""
 
     harness: str = field(default="tool-agent", metadata={"help": f"The agent harness: {', '.join(HARNESSES)}."})
     model: str | None = field(
-        default=None, metadata={"help": "Hub id or path of the policy; default: the tiny model after the task SFT."}
+        default=None,
+        metadata={
+            "help": "Hub id or path of the policy; default: tool-agent: the tiny model after the task SFT; "
+            "a CLI: the warm-started tiny model (with SMALL_MODEL_PROMPT)."
+        },
     )
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
     window: int = field(default=5, metadata={"help": "Steps averaged for the first/last reward summary."})
@@ -81,6 +102,9 @@ class LaunchArgs:
 def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]:
     parser = HfArgumentParser((LaunchArgs, HarnessGRPOConfig))
     parser.set_defaults(**CPU_DEFAULTS)
+    harness = parser.parse_known_args(args=argv)[0].harness
+    if harness in AGENTS:
+        parser.set_defaults(**CLI_DEFAULTS, output_dir=str(REPO / "runs" / f"train-{harness}"))
     launch, config = parser.parse_args_into_dataclasses(args=argv)
     if launch.harness not in HARNESSES:
         parser.error(f"--harness {launch.harness!r} is not wired in this launcher; choose from {HARNESSES}")
@@ -89,14 +113,23 @@ def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]
 
 def main(argv: list[str] | None = None) -> int:
     launch, args = parse(argv)
-    factory = functools.partial(
-        LocalAgentSessionFactory,
-        command=submit_task.agent_command(),
-        verifier=submit_task.verifier,
-        setup=submit_task.setup,
-    )
-    model = launch.model or str(submit_task.task_model_path())
-    trainer = HarnessAsyncGRPOTrainer(model, factory, args, submit_task.dataset())
+    if launch.harness == "tool-agent":
+        factory = functools.partial(
+            LocalAgentSessionFactory,
+            command=submit_task.agent_command(),
+            verifier=submit_task.verifier,
+            setup=submit_task.setup,
+        )
+        model, dataset = launch.model or str(submit_task.task_model_path()), submit_task.dataset()
+    else:
+        model, dataset = launch.model or "tiny-warm", shell_chores.dataset()
+        factory = functools.partial(
+            CLIAgentSessionFactory,
+            agent=launch.harness,
+            verifier=shell_chores.verifier,
+            system_prompt=SMALL_MODEL_PROMPT if launch.model is None else None,
+        )
+    trainer = HarnessAsyncGRPOTrainer(model, factory, args, dataset)
     resume = latest_checkpoint(args.output_dir) if launch.resume else None
     if launch.resume and resume is None:
         print(f"no checkpoint under {args.output_dir}: starting from step 0")

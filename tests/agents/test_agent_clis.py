@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from openenv.core.harness.training import TrainingTrace
 
-from tests.agents.agent_runners import AGENTS, RUNNERS, SMALL_MODEL_PROMPT, AgentRun, agent_binary
+from harness_grpo.agent_clis import AGENTS, RUNNERS, SMALL_MODEL_PROMPT, AgentRun, agent_binary
 from tests.agents.conftest import STEPS_FILE, AgentStack, ServedCall, engine_choice
 
 AGENT_MODEL = "harness-model"

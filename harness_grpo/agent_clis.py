@@ -20,6 +20,9 @@ Wiring (REFERENCE §4.4):
   the served name, ``claude -p``; Anthropic Messages.
 - mini-swe-agent: LiteLLM ``openai/<model>`` with ``OPENAI_API_BASE`` = ``<proxy>/v1``, ``mini -y
   --exit-immediately``; chat completions.
+
+``CLIAgentSessionFactory`` makes any of them a training harness: one CLI process per rollout, in
+its own working directory and proxy session, scored by the task's verifier on that directory.
 """
 
 from __future__ import annotations
@@ -27,14 +30,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from harness_grpo.session_protocol import ProxyEndpoint, VerifyResult
+from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.trace import TrainingTrace
+
+REPO = Path(__file__).resolve().parents[1]
 NODE_BIN = REPO / ".agents" / "node_modules" / ".bin"
 VENV_BIN = Path(sys.prefix) / "bin"
 AGENTS = ("opencode", "codex", "claude-code", "mini-swe-agent")
@@ -386,3 +397,105 @@ SMALL_MODEL_PROMPT = (
 """A short system prompt for small models: every agent's own prompt and tool schemas fill 8-16k tokens."""
 
 RUNNERS = {"opencode": run_opencode, "codex": run_codex, "claude-code": run_claude, "mini-swe-agent": run_mini}
+
+
+class CLIAgentSession:
+    """One coding-agent CLI run on one task, as a ``HarnessSession`` (see ``CLIAgentSessionFactory``)."""
+
+    def __init__(self, factory: CLIAgentSessionFactory, task: Mapping[str, Any], *, seed: int, episode_id: str) -> None:
+        self.task = task
+        self._factory = factory
+        self.root = Path(tempfile.mkdtemp(prefix=f"{factory.agent}-{episode_id[:8]}-", dir=factory.workdir_root))
+        self.workdir, self.home = self.root / "work", self.root / "home"
+        self.workdir.mkdir()
+        self.home.mkdir()
+        self.run: AgentRun | None = None
+        self.session_id: str | None = None
+        try:
+            if factory.setup is not None:
+                factory.setup(self.workdir, task)
+            self.session_id = factory.admin.create_session(
+                purpose="train",
+                sampling=factory.sampling,
+                max_model_calls=factory.max_model_calls,
+                max_output_tokens=factory.max_output_tokens,
+                metadata={"episode_id": episode_id, "seed": seed, "agent": factory.agent},
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        """Run the agent to its end (blocking); ``TimeoutError`` when it was killed at ``timeout_s``."""
+        assert self.session_id is not None
+        factory = self._factory
+        self.run = RUNNERS[factory.agent](
+            base_url=factory.proxy.base_url,
+            api_key=self.session_id,
+            model=factory.model_name,
+            task=str(self.task["prompt"]),
+            workdir=self.workdir,
+            home=self.home,
+            timeout_s=timeout_s if timeout_s is not None else 3600.0,
+            **({"system_prompt": factory.system_prompt} if factory.system_prompt is not None else {}),
+        )
+        if self.run.timed_out:
+            raise TimeoutError(f"{factory.agent} did not finish within {timeout_s} s")
+        return int(self.run.returncode or 0)
+
+    def fetch_training_trace(self) -> TrainingTrace:
+        assert self.session_id is not None
+        return self._factory.admin.trace(self.session_id)
+
+    def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
+        return VerifyResult(env_reward=self._factory.verifier(self.workdir, self.task))
+
+    def close(self) -> None:
+        if self.session_id is not None:
+            with contextlib.suppress(ProxyClientError):  # closing must not mask the rollout's own outcome
+                self._factory.admin.delete(self.session_id)
+            self.session_id = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class CLIAgentSessionFactory:
+    """Sessions that run ``agent`` (one of ``AGENTS``) as a local process against the trainer's proxy.
+
+    The trainer supplies ``sampling``, ``proxy``, ``max_model_calls`` and ``max_output_tokens``;
+    ``verifier(workdir, task)`` scores the agent's working directory, ``setup(workdir, task)``
+    prepares it. ``system_prompt`` (e.g. ``SMALL_MODEL_PROMPT`` for the tiny model) replaces the
+    agent's own prompt and keeps its shell tool only; the agent gets the task's ``prompt``.
+    """
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        verifier: Callable[[Path, Mapping[str, Any]], float | None],
+        sampling: dict[str, Any],
+        proxy: ProxyEndpoint,
+        setup: Callable[[Path, Mapping[str, Any]], None] | None = None,
+        system_prompt: str | None = None,
+        model_name: str = "policy",
+        max_model_calls: int | None = None,
+        max_output_tokens: int | None = None,
+        workdir_root: str | None = None,
+    ) -> None:
+        if agent not in RUNNERS:
+            raise ValueError(f"unknown agent {agent!r}; choose from {sorted(RUNNERS)}")
+        if agent_binary(agent) is None:
+            raise FileNotFoundError(f"{agent} is not installed; run launchers/install_agents.sh")
+        self.agent = agent
+        self.verifier = verifier
+        self.setup = setup
+        self.sampling = dict(sampling)
+        self.proxy = proxy
+        self.admin = ProxyAdminClient(proxy.base_url, proxy.admin_key)
+        self.system_prompt = system_prompt
+        self.model_name = model_name
+        self.max_model_calls = max_model_calls
+        self.max_output_tokens = max_output_tokens
+        self.workdir_root = workdir_root
+
+    def create(self, task: Mapping[str, Any], *, seed: int, episode_id: str) -> CLIAgentSession:
+        return CLIAgentSession(self, task, seed=seed, episode_id=episode_id)
