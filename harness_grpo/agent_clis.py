@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness_grpo.session_protocol import ProxyEndpoint, VerifyResult
-from proxy.client import ProxyAdminClient, ProxyClientError
+from harness_grpo.session_protocol import ProxyEndpoint, ProxySessionLease, VerifyResult
+from proxy.client import ProxyAdminClient
 from proxy.trace import TrainingTrace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -410,12 +410,12 @@ class CLIAgentSession:
         self.workdir.mkdir()
         self.home.mkdir()
         self.run: AgentRun | None = None
-        self.session_id: str | None = None
+        self.lease: ProxySessionLease | None = None
         try:
             if factory.setup is not None:
                 factory.setup(self.workdir, task)
-            self.session_id = factory.admin.create_session(
-                purpose="train",
+            self.lease = ProxySessionLease(
+                factory.admin,
                 sampling=factory.sampling,
                 max_model_calls=factory.max_model_calls,
                 max_output_tokens=factory.max_output_tokens,
@@ -427,11 +427,11 @@ class CLIAgentSession:
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
         """Run the agent to its end (blocking); ``TimeoutError`` when it was killed at ``timeout_s``."""
-        assert self.session_id is not None
+        assert self.lease is not None and self.lease.key is not None
         factory = self._factory
         self.run = RUNNERS[factory.agent](
             base_url=factory.proxy.base_url,
-            api_key=self.session_id,
+            api_key=self.lease.key,
             model=factory.model_name,
             task=str(self.task["prompt"]),
             workdir=self.workdir,
@@ -444,17 +444,15 @@ class CLIAgentSession:
         return int(self.run.returncode or 0)
 
     def fetch_training_trace(self) -> TrainingTrace:
-        assert self.session_id is not None
-        return self._factory.admin.trace(self.session_id)
+        assert self.lease is not None
+        return self.lease.trace()
 
     def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
         return VerifyResult(env_reward=self._factory.verifier(self.workdir, self.task))
 
     def close(self) -> None:
-        if self.session_id is not None:
-            with contextlib.suppress(ProxyClientError):  # closing must not mask the rollout's own outcome
-                self._factory.admin.delete(self.session_id)
-            self.session_id = None
+        if self.lease is not None:
+            self.lease.release()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness_grpo.session_protocol import ProxyEndpoint, VerifyResult
-from proxy.client import ProxyAdminClient, ProxyClientError
+from harness_grpo.session_protocol import ProxyEndpoint, ProxySessionLease, VerifyResult
+from proxy.client import ProxyAdminClient
 from proxy.trace import TrainingTrace
 
 Verifier = Callable[[Path, Mapping[str, Any]], float | None]
@@ -47,16 +47,15 @@ class LocalAgentSession:
     ) -> None:
         self.task = task
         self._factory = factory
-        self._admin = factory.admin
         self.workdir = Path(tempfile.mkdtemp(prefix=f"agent-{episode_id[:8]}-", dir=factory.workdir_root))
-        self.session_id: str | None = None
+        self.lease: ProxySessionLease | None = None
         self._log = None
         self.process: subprocess.Popen | None = None
         try:
             if factory.setup is not None:
                 factory.setup(self.workdir, task)
-            self.session_id = self._admin.create_session(
-                purpose="train",
+            self.lease = ProxySessionLease(
+                factory.admin,
                 sampling=factory.sampling,
                 max_model_calls=factory.max_model_calls,
                 max_output_tokens=factory.max_output_tokens,
@@ -66,9 +65,9 @@ class LocalAgentSession:
                 **os.environ,
                 **factory.env,
                 "OPENAI_BASE_URL": f"{factory.proxy.base_url}/v1",
-                "OPENAI_API_KEY": self.session_id,
+                "OPENAI_API_KEY": self.lease.key,
                 "ANTHROPIC_BASE_URL": factory.proxy.base_url,
-                "ANTHROPIC_API_KEY": self.session_id,
+                "ANTHROPIC_API_KEY": self.lease.key,
                 "HARNESS_MODEL": factory.model_name,
                 "HARNESS_SEED": str(seed),
             }
@@ -91,8 +90,8 @@ class LocalAgentSession:
             raise TimeoutError(f"agent did not finish within {timeout_s} s") from None
 
     def fetch_training_trace(self) -> TrainingTrace:
-        assert self.session_id is not None
-        return self._admin.trace(self.session_id)
+        assert self.lease is not None
+        return self.lease.trace()
 
     def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
         return VerifyResult(env_reward=self._factory.verifier(self.workdir, self.task))
@@ -114,10 +113,8 @@ class LocalAgentSession:
             self._log.close()
             Path(self._log.name).unlink(missing_ok=True)
             self._log = None
-        if self.session_id is not None:
-            with contextlib.suppress(ProxyClientError):  # closing must not mask the rollout's own outcome
-                self._admin.delete(self.session_id)
-            self.session_id = None
+        if self.lease is not None:
+            self.lease.release()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -15,10 +15,12 @@ it unscorable (reward None); a trace that breaks the capture contract raises
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.trace import TrainingTrace
 
 
@@ -28,6 +30,42 @@ class ProxyEndpoint:
 
     base_url: str  # http://host:port (agents append /v1 or the dialect's path)
     admin_key: str
+
+
+class ProxySessionLease:
+    """One rollout's train session on the proxy: created with the trainer's sampling policy and budget.
+
+    ``key`` is what the model client sends as its API key; ``trace()`` is everything captured under
+    it; ``release()`` deletes the session and never raises (closing must not mask the rollout's outcome).
+    """
+
+    def __init__(
+        self,
+        admin: ProxyAdminClient,
+        *,
+        sampling: dict[str, Any],
+        max_model_calls: int | None,
+        max_output_tokens: int | None,
+        metadata: dict[str, Any],
+    ) -> None:
+        self._admin = admin
+        self.key: str | None = admin.create_session(
+            purpose="train",
+            sampling=sampling,
+            max_model_calls=max_model_calls,
+            max_output_tokens=max_output_tokens,
+            metadata=metadata,
+        )
+
+    def trace(self) -> TrainingTrace:
+        assert self.key is not None, "the session was released"
+        return self._admin.trace(self.key)
+
+    def release(self) -> None:
+        if self.key is not None:
+            with contextlib.suppress(ProxyClientError):
+                self._admin.delete(self.key)
+            self.key = None
 
 
 @dataclass

@@ -15,7 +15,6 @@ as a timed-out rollout that keeps its tokens and reward.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import urllib.error
@@ -24,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from harness_grpo.session_protocol import HarnessSession, ProxyEndpoint, VerifyResult
-from proxy.client import ProxyAdminClient, ProxyClientError
+from harness_grpo.session_protocol import HarnessSession, ProxyEndpoint, ProxySessionLease, VerifyResult
+from proxy.client import ProxyAdminClient
 from proxy.trace import TrainingTrace
 
 ModelStep = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], dict[str, Any]]
@@ -57,9 +56,8 @@ class WhiteBoxSession:
     def __init__(self, factory: WhiteBoxSessionFactory, inner: HarnessSession, *, seed: int, episode_id: str) -> None:
         self.inner = inner
         self._factory = factory
-        self._admin = factory.admin
-        self.session_id: str | None = factory.admin.create_session(
-            purpose="train",
+        self.lease = ProxySessionLease(
+            factory.admin,
             sampling=factory.sampling,
             max_model_calls=factory.limits.max_turns,
             max_output_tokens=factory.max_output_tokens,
@@ -69,7 +67,7 @@ class WhiteBoxSession:
 
     def model_step(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """One chat completion through the proxy as this rollout's session; the assistant message."""
-        assert self.session_id is not None
+        assert self.lease.key is not None, "the session was closed"
         timeout = None if self._deadline is None else self._deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             raise TimeoutError("the rollout's time is up")
@@ -79,7 +77,7 @@ class WhiteBoxSession:
         request = urllib.request.Request(
             f"{self._factory.proxy.base_url}/v1/chat/completions",
             data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.session_id}", "Content-Type": "application/json"},
+            headers={"Authorization": f"Bearer {self.lease.key}", "Content-Type": "application/json"},
             method="POST",
         )
         try:
@@ -99,8 +97,7 @@ class WhiteBoxSession:
         return 0
 
     def fetch_training_trace(self) -> TrainingTrace:
-        assert self.session_id is not None
-        return self._admin.trace(self.session_id)
+        return self.lease.trace()
 
     def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
         return self.inner.verify(transcript, final_state)
@@ -109,10 +106,7 @@ class WhiteBoxSession:
         try:
             self.inner.close()
         finally:
-            if self.session_id is not None:
-                with contextlib.suppress(ProxyClientError):
-                    self._admin.delete(self.session_id)
-                self.session_id = None
+            self.lease.release()
 
 
 class WhiteBoxSessionFactory:
