@@ -330,7 +330,7 @@ class Generator:
         return tokens
 
     def _check_finished(self, seq: _Sequence) -> None:
-        if seq.token_ids[-1] in self.eos_token_ids:
+        if seq.token_ids[-1] in self.eos_token_ids and not seq.params.ignore_eos:
             self._finish(seq, "stop", None, self.decode(seq.token_ids))
             return
         if seq.params.stop:

@@ -8,8 +8,10 @@ overrides ``max_tokens``, chat ``logprobs`` needs ``top_logprobs`` set (even
 to 0) to return ``logprobs.content``, completions ``logprobs`` is an int.
 Fields that would change the sampled distribution (penalties, ``min_p``,
 ``logit_bias``, guided decoding, ...) are accepted only at their neutral
-values; ``n`` must be 1 and ``stream`` false. Other unknown fields are
-ignored, as vLLM does. ``Options.sampling_params`` applies the context check
+values; ``n`` must be 1 and ``stream`` false. vLLM's ``ignore_eos`` keeps sampling
+past end-of-sequence tokens (fixed-length outputs for benchmarks and tests;
+the distribution is unchanged). Other unknown fields are ignored, as vLLM
+does. ``Options.sampling_params`` applies the context check
 once the prompt length is known.
 """
 
@@ -70,6 +72,7 @@ class Options:
     seed: int | None
     top_logprobs: int | None  # None: no per-position logprobs in the response
     return_token_ids: bool
+    ignore_eos: bool = False
 
     def sampling_params(self, prompt_len: int, max_model_len: int, prompt_field: str) -> SamplingParams:
         """Engine parameters for a ``prompt_len``-token prompt; a 400 naming ``prompt_field`` if it can't fit."""
@@ -97,6 +100,7 @@ class Options:
             stop=self.stop,
             seed=self.seed,
             top_logprobs=self.top_logprobs or 0,
+            ignore_eos=self.ignore_eos,
         )
 
 
@@ -207,6 +211,7 @@ def _options(body: dict[str, Any], *, max_tokens_keys: tuple[str, ...], default_
         seed=_integer(body, "seed"),
         top_logprobs=None,
         return_token_ids=_flag(body, "return_token_ids"),
+        ignore_eos=_flag(body, "ignore_eos"),
     )
 
 

@@ -24,7 +24,8 @@ class SamplingParams:
 
     ``top_k`` of -1 or 0 and ``top_p`` of 1 disable those filters. ``stop``
     strings end generation and are cut from the text; ``top_logprobs`` is how
-    many alternatives to report per position (0: only the sampled token).
+    many alternatives to report per position (0: only the sampled token);
+    ``ignore_eos`` samples on past end-of-sequence tokens until ``max_tokens``.
     """
 
     max_tokens: int
@@ -34,6 +35,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     top_logprobs: int = 0
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:

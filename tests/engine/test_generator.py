@@ -56,6 +56,14 @@ def test_eos_is_in_token_ids_but_not_in_text(make_generator, reference_model, to
     assert done.logprobs[-1] > -1e-3
 
 
+def test_ignore_eos_samples_on_to_max_tokens(make_generator, reference_model, tokenizer):
+    prompt = tokenizer.encode("def f(x):")
+    generator = make_generator(EosAfter(reference_model, after=len(prompt) + 3))
+    done = generator.submit(prompt, SamplingParams(max_tokens=9, seed=0, ignore_eos=True)).result(30)
+    assert len(done.token_ids) == 9 and done.token_ids[4:] == [EOS] * 5
+    assert done.finish_reason == "length"
+
+
 def test_cancelled_request_leaves_the_batch(make_generator, tokenizer):
     generator = make_generator()
     long = generator.submit(tokenizer.encode("x"), SamplingParams(max_tokens=5000))

@@ -90,7 +90,7 @@ def test_request_sent_while_paused_completes_after_resume(fresh_served):
         async with aiohttp.ClientSession() as session:
             assert (await http.arequest(session, "POST", "/pause"))[1]["paused"] is True
             assert (await http.arequest(session, "GET", "/is_paused"))[1] == {"is_paused": True}
-            task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", _body()))
+            task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", _body(ignore_eos=True)))
             await asyncio.sleep(0.5)
             assert not task.done()
             assert engine.stats.prefill_tokens == 0
@@ -106,7 +106,9 @@ def test_pause_keep_freezes_in_flight_request_across_an_update(fresh_served, per
 
     async def run() -> tuple[int, dict]:
         async with aiohttp.ClientSession() as session:
-            task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", _body(max_tokens=400)))
+            task = asyncio.create_task(
+                http.arequest(session, "POST", "/v1/chat/completions", _body(max_tokens=400, ignore_eos=True))
+            )
             while engine.stats.generated_tokens == 0:
                 await asyncio.sleep(0.002)
             await http.arequest(session, "POST", "/pause?mode=keep")
