@@ -67,7 +67,7 @@ def test_ignore_eos_samples_on_to_max_tokens(make_generator, reference_model, to
 def test_cancelled_request_leaves_the_batch(make_generator, tokenizer):
     generator = make_generator()
     long = generator.submit(tokenizer.encode("x"), SamplingParams(max_tokens=5000))
-    short = generator.submit(tokenizer.encode("y"), SamplingParams(max_tokens=5))
+    short = generator.submit(tokenizer.encode("y"), SamplingParams(max_tokens=5, ignore_eos=True))
     assert short.result(30).finish_reason == "length"
     assert long.cancel()
     assert generator.submit(tokenizer.encode("z"), SamplingParams(max_tokens=3)).result(30).token_ids
@@ -92,7 +92,10 @@ def test_a_failing_forward_fails_its_requests_and_the_loop_survives(make_generat
     with pytest.raises(RuntimeError, match="boom"):
         generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3)).result(30)
     flaky.fail = False
-    assert len(generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3)).result(30).token_ids) == 3
+    assert (
+        len(generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3, ignore_eos=True)).result(30).token_ids)
+        == 3
+    )
 
 
 def test_stop_fails_queued_requests_and_refuses_new_ones(make_generator, tokenizer):
