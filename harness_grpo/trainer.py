@@ -29,6 +29,7 @@ import re
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -431,7 +432,9 @@ class HarnessAsyncGRPOTrainer:
         active = [r for r in rows if r.advantage != 0.0] if args.beta == 0 else rows
         metrics: dict[str, float] = {"learning_rate": self.lr_scheduler.get_last_lr()[0]}
         if not active:  # the same rows on every rank: all skip together
-            self.lr_scheduler.step()
+            with warnings.catch_warnings():  # the schedule follows global steps, skipped ones included
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+                self.lr_scheduler.step()
             metrics["skipped_no_signal"] = 1.0
             return metrics
         started = time.monotonic()

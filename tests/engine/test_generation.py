@@ -223,7 +223,9 @@ def test_client_disconnect_cancels_generation(engine, http):
     async def run() -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
             with pytest.raises(TimeoutError):
-                await http.arequest(session, "POST", "/v1/chat/completions", _chat_body("x", max_tokens=20000))
+                await http.arequest(
+                    session, "POST", "/v1/chat/completions", _chat_body("x", max_tokens=20000, ignore_eos=True)
+                )
 
     asyncio.run(run())
     deadline = time.monotonic() + 10
