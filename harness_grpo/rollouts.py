@@ -104,6 +104,13 @@ def run_rollout(factory: Any, task: dict[str, Any], *, seed: int, timeout_s: flo
             log.warning("session close failed: %s", exc)
 
 
+async def cancel_and_wait(tasks: list[asyncio.Task]) -> None:
+    """Cancel ``tasks`` and return once each has ended (their exceptions are consumed)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class RolloutProducer:
     """Keeps groups of sessions in flight on an event loop; see the module contract."""
 
@@ -138,18 +145,31 @@ class RolloutProducer:
         self._executor = ThreadPoolExecutor(max_workers=max_concurrent_rollouts, thread_name_prefix="rollout")
         self._stopping = False
         self.dropped_stale = 0
-        self._task: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task] = set()  # the producing task and its group runners, on the loop
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin producing on ``loop`` (which runs on another thread)."""
-        self._task = asyncio.run_coroutine_threadsafe(self._produce(), loop)
+        self._loop = loop
+        asyncio.run_coroutine_threadsafe(self._produce(), loop)
 
-    def stop(self) -> None:
-        """Start no new sessions; running ones finish in the background and are discarded."""
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Start no new sessions and cancel the loop's tasks, waiting up to ``timeout_s`` for them to end;
+        sessions already running on worker threads finish in the background and are discarded."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
+        if self._loop is not None and self._loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._cancel_tasks(), self._loop).result(timeout_s)
+            except TimeoutError:
+                log.warning("rollout tasks did not end within %s s of the stop", timeout_s)
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _cancel_tasks(self) -> None:
+        await cancel_and_wait(list(self._tasks))
+
+    def _track(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def get(self, timeout_s: float) -> RolloutGroup:
         """The next complete group; raises ``ProducerError`` if production failed, ``TimeoutError`` if none came."""
@@ -181,32 +201,27 @@ class RolloutProducer:
         return groups
 
     async def _produce(self) -> None:
+        self._track(asyncio.current_task())
         slots = asyncio.Semaphore(self.max_concurrent_rollouts)
-        groups: set[asyncio.Task] = set()
-        try:
-            while not self._stopping:
-                while self._pending_groups >= self.max_groups_ahead and not self._stopping:
-                    await asyncio.sleep(0.02)
-                row_index = self.position
-                self.position += 1
-                task = dict(self.dataset[row_index % len(self.dataset)])
-                group = RolloutGroup(
-                    group_id=f"g{row_index}",
-                    row_index=row_index,
-                    task=task,
-                    policy_version=self.policy_version(),
-                    started_at=time.monotonic(),
-                )
-                with self._pending_lock:
-                    self._pending_groups += 1
-                runner = asyncio.ensure_future(self._run_group(group, slots))
-                groups.add(runner)
-                runner.add_done_callback(groups.discard)
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            for runner in groups:
-                runner.cancel()
-            raise
+        while not self._stopping:
+            while self._pending_groups >= self.max_groups_ahead and not self._stopping:
+                await asyncio.sleep(0.02)
+            if self._stopping:
+                break
+            row_index = self.position
+            self.position += 1
+            task = dict(self.dataset[row_index % len(self.dataset)])
+            group = RolloutGroup(
+                group_id=f"g{row_index}",
+                row_index=row_index,
+                task=task,
+                policy_version=self.policy_version(),
+                started_at=time.monotonic(),
+            )
+            with self._pending_lock:
+                self._pending_groups += 1
+            self._track(asyncio.ensure_future(self._run_group(group, slots)))
+            await asyncio.sleep(0)
 
     async def _run_group(self, group: RolloutGroup, slots: asyncio.Semaphore) -> None:
         loop = asyncio.get_running_loop()

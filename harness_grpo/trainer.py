@@ -58,7 +58,7 @@ from harness_grpo.engine.server import EngineServer
 from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
 from harness_grpo.packing import pack_rows
 from harness_grpo.rollout_metrics import outcome_metrics
-from harness_grpo.rollouts import RolloutGroup, RolloutProducer
+from harness_grpo.rollouts import RolloutGroup, RolloutProducer, cancel_and_wait
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.session_protocol import HarnessRolloutOutcome, ProxyEndpoint
 from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync
@@ -87,9 +87,20 @@ class ServiceLoop:
     def run(self, coro: Any, timeout_s: float = 600.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Cancel the tasks still on the loop (waiting up to ``timeout_s``), then stop and close it."""
+        try:
+            self.run(_cancel_leftover_tasks(), timeout_s)
+        except TimeoutError:
+            log.warning("service tasks did not end within %s s of the shutdown", timeout_s)
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+async def _cancel_leftover_tasks() -> None:
+    await cancel_and_wait([task for task in asyncio.all_tasks() if task is not asyncio.current_task()])
 
 
 def _default_reward(outcome: HarnessRolloutOutcome) -> float | None:

@@ -173,3 +173,36 @@ def test_producer_surfaces_fatal_errors() -> None:
     finally:
         producer.stop()
         loop.call_soon_threadsafe(loop.stop)
+
+
+def test_stop_ends_every_producer_task_before_returning() -> None:
+    """Groups still in flight are cancelled and awaited on the loop, not left pending when it stops."""
+
+    class Slow(Session):
+        def wait_for_completion(self, timeout_s: float | None = None) -> int:
+            time.sleep(0.3)
+            return 0
+
+    class SlowFactory:
+        def create(self, task: dict, *, seed: int, episode_id: str) -> Session:
+            return Slow()
+
+    async def pending_tasks() -> list[asyncio.Task]:
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    producer = _producer(SlowFactory(), max_groups_ahead=3)
+    producer.start(loop)
+    try:
+        producer.take(1, current_version=0, max_staleness=0, timeout_s=20)
+        in_flight = asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5)
+        assert len(in_flight) >= 2  # the producing task and at least one running group
+        producer.stop()
+        assert asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5) == []
+        assert all(task.done() for task in in_flight)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    loop.close()
