@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -112,38 +113,42 @@ def hermetic_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_process(
-    agent: str, argv: list[str], *, cwd: Path, env: dict[str, str], home: Path, timeout_s: float
+    agent: str,
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    home: Path,
+    timeout_s: float,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> AgentRun:
-    """Run ``argv`` in its own process group with stdin closed; kill the group at ``timeout_s``."""
+    """Run ``argv`` in its own process group with stdin closed; kill the group at ``timeout_s`` and at
+    the end (nothing the agent started outlives it). The run ends when the agent process exits, even if
+    something it started still holds its output open. ``on_start`` gets the process once it runs."""
     started = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    timed_out = False
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-        stdout, stderr = proc.communicate()
-    finally:
-        if proc.poll() is None:
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+        )
+        timed_out = False
+        try:
+            if on_start is not None:
+                on_start(proc)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
             _kill_group(proc)
             proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     return AgentRun(agent, argv, proc.returncode, stdout, stderr, time.monotonic() - started, timed_out, cwd, home)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the process group this module started for ``proc`` (agents spawn shells and tool servers)."""
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
@@ -158,6 +163,7 @@ def run_opencode(
     max_steps: int = 6,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     system_prompt: str | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> AgentRun:
     """``opencode run`` with a custom OpenAI-compatible provider at ``<base_url>/v1``.
 
@@ -201,7 +207,7 @@ def run_opencode(
         },
     )
     argv = [str(binary), "run", "--print-logs", "--model", f"harness/{model}", task]
-    return run_process("opencode", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s)
+    return run_process("opencode", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s, on_start=on_start)
 
 
 def run_codex(
@@ -214,6 +220,7 @@ def run_codex(
     home: Path,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     system_prompt: str | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> AgentRun:
     """``codex exec`` with a custom Responses-API provider at ``<base_url>/v1`` and no sandbox.
 
@@ -265,7 +272,7 @@ def run_codex(
         str(last),
         task,
     ]
-    run = run_process("codex", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s)
+    run = run_process("codex", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s, on_start=on_start)
     run.files["last_message"] = last
     return run
 
@@ -281,6 +288,7 @@ def run_claude(
     max_turns: int = 6,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     system_prompt: str | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> AgentRun:
     """``claude -p`` against ``ANTHROPIC_BASE_URL`` = the proxy root (claude appends ``/v1/messages``).
 
@@ -322,7 +330,7 @@ def run_claude(
     ]
     if system_prompt is not None:
         argv += ["--system-prompt", system_prompt, "--tools", "Bash"]
-    return run_process("claude-code", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s)
+    return run_process("claude-code", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s, on_start=on_start)
 
 
 def run_mini(
@@ -336,6 +344,7 @@ def run_mini(
     step_limit: int = 8,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     system_prompt: str | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> AgentRun:
     """mini-swe-agent's ``mini`` CLI, non-interactive (``-y --exit-immediately``), LiteLLM ``openai/<model>``.
 
@@ -377,7 +386,7 @@ def run_mini(
         "-o",
         str(trajectory),
     ]
-    run = run_process("mini-swe-agent", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s)
+    run = run_process("mini-swe-agent", argv, cwd=workdir, env=env, home=home, timeout_s=timeout_s, on_start=on_start)
     run.files["trajectory"] = trajectory
     return run
 
@@ -411,6 +420,9 @@ class CLIAgentSession:
         self.home.mkdir()
         self.run: AgentRun | None = None
         self.lease: ProxySessionLease | None = None
+        self._process: subprocess.Popen | None = None
+        self._close_lock = threading.Lock()
+        self._closed = False
         try:
             if factory.setup is not None:
                 factory.setup(self.workdir, task)
@@ -437,6 +449,7 @@ class CLIAgentSession:
             workdir=self.workdir,
             home=self.home,
             timeout_s=timeout_s if timeout_s is not None else 3600.0,
+            on_start=self._started,
             **({"system_prompt": factory.system_prompt} if factory.system_prompt is not None else {}),
         )
         if self.run.timed_out:
@@ -450,10 +463,22 @@ class CLIAgentSession:
     def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
         return VerifyResult(env_reward=self._factory.verifier(self.workdir, self.task))
 
+    def _started(self, process: subprocess.Popen) -> None:
+        with self._close_lock:
+            self._process = process
+            if self._closed:  # closed while starting: the run ends at once
+                _kill_group(process)
+
     def close(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Kill the agent's process group if it still runs, delete the proxy session and the scratch
+        directory; safe from any thread, and twice."""
+        with self._close_lock:
+            self._closed = True
+            if self._process is not None:
+                _kill_group(self._process)
+            if self.lease is not None:
+                self.lease.release()
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 class CLIAgentSessionFactory:

@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,7 @@ class LocalAgentSession:
         self.lease: ProxySessionLease | None = None
         self._log = None
         self.process: subprocess.Popen | None = None
+        self._close_lock = threading.Lock()
         try:
             if factory.setup is not None:
                 factory.setup(self.workdir, task)
@@ -96,26 +99,24 @@ class LocalAgentSession:
     def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
         return VerifyResult(env_reward=self._factory.verifier(self.workdir, self.task))
 
-    def agent_log(self) -> str:
-        """What the agent printed (for debugging failed rollouts)."""
-        path = self.workdir.parent / f"{self.workdir.name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     def _kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, 9)
+        """SIGKILL the agent's process group: the agent and anything it left running."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
     def close(self) -> None:
-        self._kill()
-        if self._log is not None:
-            self._log.close()
-            Path(self._log.name).unlink(missing_ok=True)
-            self._log = None
-        if self.lease is not None:
-            self.lease.release()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        """Kill the agent, delete its proxy session and scratch files; safe from any thread, and twice."""
+        with self._close_lock:
+            self._kill()
+            if self._log is not None:
+                self._log.close()
+                Path(self._log.name).unlink(missing_ok=True)
+                self._log = None
+            if self.lease is not None:
+                self.lease.release()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class LocalAgentSessionFactory:

@@ -12,20 +12,22 @@ One rollout (``run_rollout``, on a worker thread, blocking calls only):
 create → wait (``TimeoutError``: ``timed_out``, tokens and reward kept) →
 fetch trace → verify → close (always). A failure to create, wait, fetch or
 verify makes the rollout unscorable (``error`` set, reward None). A trace
-that breaks the capture contract (``CaptureContractError``) is fatal: the
-producer stops and ``get`` raises it.
+that breaks the capture contract (``CaptureContractError``) is fatal, as is
+any error of the producer itself: it stops and ``get`` raises ``ProducerError``
+from it. ``stop`` closes the sessions still running (their agents are killed),
+so no rollout outlives the producer by more than its session's ``close``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,8 +59,41 @@ class RolloutGroup:
     finished_at: float = 0.0
 
 
-def run_rollout(factory: Any, task: dict[str, Any], *, seed: int, timeout_s: float) -> HarnessRolloutOutcome:
-    """One session from create to close (see the module contract)."""
+class LiveSessions:
+    """The sessions of the rollouts in progress, so that another thread can close them all at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: set[HarnessSession] = set()
+        self._closed = False
+
+    def add(self, session: HarnessSession) -> bool:
+        """Track ``session``; False once ``close_all`` ran (the caller must not run it)."""
+        with self._lock:
+            if not self._closed:
+                self._sessions.add(session)
+            return not self._closed
+
+    def discard(self, session: HarnessSession) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+
+    def close_all(self) -> None:
+        """Close every tracked session (killing its agent) and refuse new ones."""
+        with self._lock:
+            self._closed = True
+            sessions, self._sessions = list(self._sessions), set()
+        for session in sessions:
+            try:
+                session.close()
+            except Exception as exc:
+                log.warning("session close failed: %s", exc)
+
+
+def run_rollout(
+    factory: Any, task: dict[str, Any], *, seed: int, timeout_s: float, live: LiveSessions | None = None
+) -> HarnessRolloutOutcome:
+    """One session from create to close (see the module contract); tracked in ``live`` while it runs."""
     episode_id = uuid.uuid4().hex
     try:
         session: HarnessSession = factory.create(task, seed=seed, episode_id=episode_id)
@@ -67,6 +102,8 @@ def run_rollout(factory: Any, task: dict[str, Any], *, seed: int, timeout_s: flo
     try:
         if not isinstance(session, HarnessSession):
             raise TypeError(f"{type(session).__name__} does not implement the HarnessSession protocol")
+        if live is not None and not live.add(session):
+            return HarnessRolloutOutcome(None, "", None, error="the producer stopped")
         timed_out, exit_code = False, None
         try:
             exit_code = session.wait_for_completion(timeout_s)
@@ -98,6 +135,8 @@ def run_rollout(factory: Any, task: dict[str, Any], *, seed: int, timeout_s: flo
             metrics=dict(verdict.metrics),
         )
     finally:
+        if live is not None:
+            live.discard(session)
         try:
             session.close()
         except Exception as exc:  # a failed close must not hide the rollout's outcome
@@ -142,27 +181,38 @@ class RolloutProducer:
         self._pending_groups = 0  # running or finished and not yet consumed
         self._pending_lock = threading.Lock()
         self._error: BaseException | None = None
-        self._executor = ThreadPoolExecutor(max_workers=max_concurrent_rollouts, thread_name_prefix="rollout")
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_concurrent_rollouts, thread_name_prefix="rollout")
         self._stopping = False
         self.dropped_stale = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()  # the producing task and its group runners, on the loop
+        self._live = LiveSessions()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin producing on ``loop`` (which runs on another thread)."""
         self._loop = loop
-        asyncio.run_coroutine_threadsafe(self._produce(), loop)
+        asyncio.run_coroutine_threadsafe(self._produce(), loop).add_done_callback(self._produce_ended)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Start no new sessions and cancel the loop's tasks, waiting up to ``timeout_s`` for them to end;
-        sessions already running on worker threads finish in the background and are discarded."""
+        """Start no new sessions, close the running ones (their outcomes are discarded) and cancel the
+        loop's tasks, waiting up to ``timeout_s`` for them and for the worker threads to end."""
         self._stopping = True
+        self._live.close_all()
         if self._loop is not None and self._loop.is_running():
             try:
                 asyncio.run_coroutine_threadsafe(self._cancel_tasks(), self._loop).result(timeout_s)
             except TimeoutError:
                 log.warning("rollout tasks did not end within %s s of the stop", timeout_s)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        shutdown = threading.Thread(target=self._executor.shutdown, kwargs={"cancel_futures": True}, daemon=True)
+        shutdown.start()
+        shutdown.join(timeout_s)
+        if shutdown.is_alive():
+            log.warning("rollout worker threads still running %s s after the stop", timeout_s)
+
+    def _produce_ended(self, future: concurrent.futures.Future) -> None:
+        if not future.cancelled() and future.exception() is not None and self._error is None:
+            self._error = future.exception()
+            self._stopping = True
 
     async def _cancel_tasks(self) -> None:
         await cancel_and_wait(list(self._tasks))
@@ -231,7 +281,9 @@ class RolloutProducer:
             async with slots:
                 return await loop.run_in_executor(
                     self._executor,
-                    lambda: run_rollout(self.factory, group.task, seed=seed, timeout_s=self.rollout_timeout_s),
+                    lambda: run_rollout(
+                        self.factory, group.task, seed=seed, timeout_s=self.rollout_timeout_s, live=self._live
+                    ),
                 )
 
         try:

@@ -206,3 +206,74 @@ def test_stop_ends_every_producer_task_before_returning() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
     loop.close()
+
+
+def _loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def test_stop_closes_running_sessions_and_waits_for_their_threads() -> None:
+    """An agent that would run for minutes is closed (killed) by ``stop``; no worker thread outlives it."""
+    sessions: list[Session] = []
+
+    class Endless(Session):
+        def __init__(self) -> None:
+            super().__init__()
+            self.killed = threading.Event()
+
+        def wait_for_completion(self, timeout_s: float | None = None) -> int:
+            self.killed.wait(120)
+            return -9
+
+        def close(self) -> None:
+            self.killed.set()
+            super().close()
+
+    class EndlessFactory:
+        def create(self, task: dict, *, seed: int, episode_id: str) -> Session:
+            sessions.append(Endless())
+            return sessions[-1]
+
+    before = set(threading.enumerate())
+    loop, thread = _loop_thread()
+    producer = _producer(EndlessFactory(), rollout_timeout_s=120)
+    producer.start(loop)
+    try:
+        deadline = time.monotonic() + 10
+        while len(sessions) < 4:  # max_concurrent_rollouts sessions running
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        started = time.monotonic()
+        producer.stop(timeout_s=10)
+        assert time.monotonic() - started < 5
+        assert all(s.closed for s in sessions)
+        assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("rollout")]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    loop.close()
+
+
+def test_an_error_of_the_producer_itself_reaches_the_consumer() -> None:
+    loop, thread = _loop_thread()
+    producer = RolloutProducer(
+        Factory(Session()),
+        ["not a mapping"],  # dict(row) fails inside the producing task
+        num_generations=2,
+        max_concurrent_rollouts=2,
+        max_groups_ahead=1,
+        rollout_timeout_s=5,
+        policy_version=lambda: 0,
+    )
+    producer.start(loop)
+    try:
+        with pytest.raises(ProducerError, match="dictionary update sequence"):
+            producer.take(1, current_version=0, max_staleness=0, timeout_s=10)
+    finally:
+        producer.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    loop.close()
