@@ -61,7 +61,7 @@ from harness_grpo.rollout_metrics import outcome_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer, cancel_and_wait
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.session_protocol import HarnessRolloutOutcome, ProxyEndpoint
-from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync
+from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync, WeightSync
 from harness_grpo.white_box import HarnessAdapter, WhiteBoxSessionFactory
 from proxy.capture_graph import sequences_from_trace
 from proxy.server import CaptureProxy, ProxyConfig
@@ -245,6 +245,8 @@ class HarnessAsyncGRPOTrainer:
         self.services: ServiceLoop | None = None
         self.engine: EmbeddedEngine | None = None
         self.engine_server: EngineServer | None = None
+        self.proxy: CaptureProxy | None = None
+        self.weight_sync: WeightSync | None = None
         if args.vllm_server_base_url is not None:
             self.weight_sync = VLLMNCCLWeightSync(
                 args.vllm_server_base_url, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
@@ -268,9 +270,9 @@ class HarnessAsyncGRPOTrainer:
             )
         else:
             engine_url = args.vllm_server_base_url
-        self.proxy = CaptureProxy(
-            ProxyConfig(engine_url=engine_url, journal_dir=Path(args.output_dir) / "proxy_journal", port=0)
-        )
+        journal = Path(args.output_dir) / "proxy_journal"
+        shutil.rmtree(journal, ignore_errors=True)  # an earlier run's sessions: their rollouts were discarded
+        self.proxy = CaptureProxy(ProxyConfig(engine_url=engine_url, journal_dir=journal, port=0))
         port = self.services.run(self.proxy.start())
         self.proxy_endpoint = ProxyEndpoint(f"http://127.0.0.1:{port}", self.proxy.admin_key)
         sampling = {"temperature": args.temperature}
@@ -291,16 +293,19 @@ class HarnessAsyncGRPOTrainer:
             )
 
     def _stop_services(self) -> None:
+        """Stop whatever ``_start_services`` started, also after a partial start."""
         services = self.services
         try:
             if services is not None:
-                services.run(self.proxy.stop(), 30)
+                if self.proxy is not None:
+                    services.run(self.proxy.stop(), 30)
                 if self.engine_server is not None:
                     services.run(self.engine_server.stop(), 30)
         finally:
             if self.engine is not None:
                 self.engine.stop()
-            self.weight_sync.close()
+            if self.weight_sync is not None:
+                self.weight_sync.close()
             if services is not None:
                 services.close()
             self.services = None
@@ -331,16 +336,17 @@ class HarnessAsyncGRPOTrainer:
             self._load_checkpoint(Path(checkpoint))
         if self.device.type == "cpu" and args.vllm_server_base_url is None:
             torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores
-        self._start_services()
-        producer = self._producer() if self.is_main else None
+        producer = None
         last: dict[str, float] = {}
         dropped_before = self.dropped_stale
         self._progress = _progress_bar(disable=args.disable_tqdm or not self.is_main)
         self._progress_task = self._progress.add_task(
             "training", total=args.max_steps, completed=self.state.global_step, status=""
         )
-        self._progress.start()
         try:
+            self._start_services()
+            producer = self._producer() if self.is_main else None
+            self._progress.start()
             if checkpoint:  # a fresh engine holds the base weights; give it the checkpoint's
                 self.policy_version = self.weight_sync.sync(self.model)
             self.callback_handler.on_train_begin(args, self.state, self.control)

@@ -471,6 +471,16 @@ class _Sync:
         self.close()
 
 
+def _as_sync_error(exc: Exception, what: str) -> WeightSyncError:
+    """``exc`` as a ``WeightSyncError`` (unexpected errors are wrapped, the cause kept), so that every
+    rank learns of it through the agreement instead of waiting forever in a collective."""
+    if isinstance(exc, WeightSyncError):
+        return exc
+    error = WeightSyncError(f"{what} failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
 def _agree_or_raise(error: WeightSyncError | None, what: str) -> None:
     """Raise on every rank when any rank failed (rank 0's own error where it has one)."""
     if not _agree(error is None):
@@ -489,8 +499,8 @@ class _StateDictSync(_Sync):
         if rank == 0:
             try:
                 self._push(state, new_version)
-            except WeightSyncError as exc:
-                error = exc
+            except Exception as exc:
+                error = _as_sync_error(exc, "the weight update")
         _agree_or_raise(error, "the weight update")
 
     def _push(self, state: dict[str, torch.Tensor], new_version: int) -> None:
@@ -741,8 +751,8 @@ class VLLMNCCLWeightSync(_Sync):
         if rank == 0:
             try:
                 self._init_rank0(model)
-            except WeightSyncError as exc:
-                error = exc
+            except Exception as exc:
+                error = _as_sync_error(exc, "the weight transfer init")
         _agree_or_raise(error, "the weight transfer init")
         self._initialized = True
 
@@ -784,8 +794,8 @@ class VLLMNCCLWeightSync(_Sync):
         if rank == 0:
             try:
                 self._prepare(model, state)
-            except WeightSyncError as exc:
-                error = self._cleanup(exc, state)
+            except Exception as exc:
+                error = self._cleanup(_as_sync_error(exc, "pausing the engine"), state)
         _agree_or_raise(error, "pausing the engine")
         # Phase 2: rank 0 streams (its iterator gathers); the others gather in lock-step and discard.
         error = None
@@ -796,8 +806,8 @@ class VLLMNCCLWeightSync(_Sync):
                 self._call("POST", "/finish_weight_update", json_body={})
                 self._call("POST", "/resume")
                 state.resumed = True
-            except WeightSyncError as exc:
-                error = self._cleanup(exc, state)
+            except Exception as exc:
+                error = self._cleanup(_as_sync_error(exc, "the weight transfer"), state)
         else:
             for _ in params_for_sync(model, dtype=self.send_dtype):
                 pass

@@ -148,6 +148,16 @@ def test_embedded_sync_resumes_after_a_failed_update_and_keeps_the_version(engin
     with pytest.raises(WeightSyncError, match="disk on fire"):
         sync.sync(trainer_model)
     assert not engine.paused and sync.version == 0 and engine.weight_version == 0
+
+    # Any other error is a WeightSyncError too (other ranks learn of it; they would wait in a collective).
+    def stuck_update(*args, **kwargs):
+        raise TimeoutError("compute thread did not answer within 30 s")
+
+    monkeypatch.setattr(engine, "update_weights", stuck_update)
+    with pytest.raises(WeightSyncError, match="the weight update failed: TimeoutError: compute thread") as raised:
+        sync.sync(trainer_model)
+    assert isinstance(raised.value.__cause__, TimeoutError)
+    assert not engine.paused and sync.version == 0
     monkeypatch.undo()
 
     # Names the engine's model does not have are refused before the engine is paused.

@@ -10,6 +10,7 @@ the run.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,20 @@ def test_an_object_without_run_white_box_is_refused(tmp_path: Path) -> None:
             submit_task.dataset(),
             harness_adapter=object(),  # type: ignore[arg-type]
         )
+
+
+@pytest.mark.timeout(300)
+def test_a_factory_that_fails_to_build_stops_every_service_it_started(tmp_path: Path) -> None:
+    def missing_agent(**kwargs: Any) -> Any:
+        raise FileNotFoundError("opencode is not installed; run launchers/install_agents.sh")
+
+    before = {thread.name for thread in threading.enumerate()}
+    trainer = HarnessAsyncGRPOTrainer(
+        str(submit_task.task_model_path()), missing_agent, _args(tmp_path, steps=1), submit_task.dataset()
+    )
+    with pytest.raises(FileNotFoundError, match="install_agents"):
+        trainer.train()
+    assert trainer.services is None
+    ours = ("harness-services", "engine-compute", "rollout")
+    left = {thread.name for thread in threading.enumerate() if thread.name.startswith(ours)} - before
+    assert not left, f"threads left running: {left}"
