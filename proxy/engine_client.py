@@ -135,12 +135,20 @@ class EngineClient:
         return await self._post("/v1/chat/completions", body)
 
     async def get_json(self, path: str) -> dict[str, Any]:
-        """GET a JSON route (``/v1/models``, ``/health``)."""
-        async with self._http().get(self.base_url + path, headers=self._headers) as resp:
-            data = await resp.read()
-            if resp.status != 200:
-                raise UpstreamError(502, f"engine {path} answered {resp.status}")
-            return orjson.loads(data)
+        """GET a JSON object route (``/v1/models``, ``/health``); any failure is an ``UpstreamError`` (502)."""
+        try:
+            async with self._http().get(self.base_url + path, headers=self._headers) as resp:
+                data = await resp.read()
+                if resp.status != 200:
+                    raise UpstreamError(502, f"engine {path} answered {resp.status}")
+                answer = orjson.loads(data)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamError(502, f"engine {path} unreachable: {type(exc).__name__}: {exc}") from None
+        except orjson.JSONDecodeError:
+            raise UpstreamError(502, f"engine {path} answered invalid JSON") from None
+        if not isinstance(answer, dict):
+            raise UpstreamError(502, f"engine {path} answered {type(answer).__name__}, not a JSON object")
+        return answer
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         payload = orjson.dumps(body)

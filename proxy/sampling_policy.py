@@ -115,10 +115,14 @@ def engine_request(
             if chat.get(key) is not None:
                 raise PolicyError(f"'{key}' changes the sampled distribution; refused in a training session", key)
         response_format = chat.get("response_format")
-        if response_format is not None and response_format.get("type", "text") != "text":
+        if response_format is not None and (
+            not isinstance(response_format, dict) or response_format.get("type", "text") != "text"
+        ):
             raise PolicyError("only a text response_format is allowed in a training session", "response_format")
         body.update(policy.as_engine_params())
     asked = chat.get("max_tokens")
+    if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
+        raise PolicyError(f"'max_tokens' must be a positive integer, got {asked!r}", "max_tokens")
     if max_output_tokens is not None:
         asked = max_output_tokens if asked is None else min(asked, max_output_tokens)
     if asked is not None:

@@ -23,7 +23,8 @@ import asyncio
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -70,7 +71,6 @@ class ProxyConfig:
     max_upstream_connections: int = 256
     fsync: bool = False
     probe_engines: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK_HOSTS and not self.admin_key:
@@ -160,15 +160,17 @@ class CaptureProxy:
         if client.base_url not in self._models:
             models = await client.get_json("/v1/models")
             data = models.get("data") or []
-            if not data:
-                raise UpstreamError(502, "engine serves no model")
+            if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
+                raise UpstreamError(502, f"engine serves no model: /v1/models answered {str(models)[:200]}")
             self._models[client.base_url] = data[0]["id"]
         return self._models[client.base_url]
 
     # --- middleware and control plane ------------------------------------------------------------------------------
 
     @web.middleware
-    async def _error_middleware(self, request: web.Request, handler) -> web.StreamResponse:
+    async def _error_middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
@@ -178,6 +180,11 @@ class CaptureProxy:
             if exc.status >= 400:
                 return self._error_for(request, exc.status, exc.reason, "invalid_request_error")
             raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # a bug: still an answer in the caller's dialect, and a log line
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return self._error_for(request, 500, f"internal proxy error: {type(exc).__name__}: {exc}", "api_error")
 
     def _error_for(self, request: web.Request, status: int, message: str, type_: str) -> web.Response:
         dialect = anthropic_messages if request.path.startswith("/v1/messages") else openai_chat
@@ -206,7 +213,7 @@ class CaptureProxy:
             return _json(openai_chat.render_error(400, f"invalid session request: {exc}"), 400)
         client = self._client(config.llm_url)
         try:
-            model = await self._served_model(client, config.model)
+            model = await self._served_model(client, config.model or self.config.model)
             if self.config.probe_engines:
                 tier = await self._probe(client, model)
                 if config.purpose == "train" and not tier.trainable:
@@ -217,7 +224,8 @@ class CaptureProxy:
         try:
             session = self.sessions.create(config, model, session_id)
         except (KeyError, ValueError) as exc:
-            return _json(openai_chat.render_error(409 if isinstance(exc, KeyError) else 400, str(exc)), 400)
+            status = 409 if isinstance(exc, KeyError) else 400
+            return _json(openai_chat.render_error(status, str(exc)), status)
         self.metrics.sessions_created += 1
         return _json({"session_id": session.id, "api_key": session.id, **session.describe()}, 201)
 
@@ -269,7 +277,10 @@ class CaptureProxy:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as exc:
             return _json(anthropic_messages.render_error(400, f"malformed JSON: {exc}"), 400)
-        return _json(anthropic_messages.estimate_tokens(body))
+        try:
+            return _json(anthropic_messages.estimate_tokens(body))
+        except DialectError as exc:
+            return _json(anthropic_messages.render_error(exc.status, str(exc), param=exc.param), exc.status)
 
     # --- agent plane -----------------------------------------------------------------------------------------------
 
@@ -302,6 +313,18 @@ class CaptureProxy:
         if session.budget_exhausted():
             session.stats.budget_refusals += 1
             return await self._reply(request, dialect, chat, _budget_reply(session.model, chat))
+        with session.call_slot():  # concurrent calls of one session cannot overrun its budget
+            return await self._engine_call(request, dialect, chat, session, upstream_body, requested)
+
+    async def _engine_call(
+        self,
+        request: web.Request,
+        dialect: ModuleType,
+        chat: ChatRequest,
+        session: Session,
+        upstream_body: dict[str, Any],
+        requested: dict[str, Any],
+    ) -> web.StreamResponse:
         started = time.perf_counter()
         client = self._client(session.config.llm_url)
         if chat.stream:

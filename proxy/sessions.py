@@ -10,10 +10,12 @@ session from its journal, so a restarted proxy serves the same traces.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import re
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,9 +98,21 @@ class Session:
         self.graph = CaptureGraph()
         self.stats = SessionStats()
         self._requests: dict[str, dict[str, Any]] = {}  # node id -> its request (shared with the graph)
+        self._in_flight = 0
 
     def budget_exhausted(self) -> bool:
-        return self.config.max_model_calls is not None and self.stats.calls >= self.config.max_model_calls
+        """True when the calls recorded plus those in flight (``call_slot``) reach ``max_model_calls``."""
+        limit = self.config.max_model_calls
+        return limit is not None and self.stats.calls + self._in_flight >= limit
+
+    @contextlib.contextmanager
+    def call_slot(self) -> Iterator[None]:
+        """Hold one place in the call budget while an engine call is pending (the event loop's thread only)."""
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
 
     def record(self, capture: Capture, request: dict[str, Any], response: dict[str, Any], metadata: dict) -> str:
         """Add one engine call to the graph and the journal; returns the node id.

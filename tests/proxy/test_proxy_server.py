@@ -252,3 +252,50 @@ def test_sigkill_and_restart_serves_same_traces(tmp_path: Path) -> None:
         for p in (engine, locals().get("proxy")):
             if p is not None and p.poll() is None:
                 p.kill()
+
+
+def test_concurrent_calls_of_one_session_cannot_overrun_its_budget(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session(max_model_calls=2)
+        stack.engine.faults = [("delay", 0.3)] * 2
+        msgs = [{"role": "user", "content": "hi"}]
+        replies = await asyncio.gather(*(stack.chat(key, msgs) for _ in range(5)))
+        assert all(status == 200 for status, _ in replies)
+        budget = [r for _, r in replies if r["choices"][0]["message"]["content"] == "Step budget exhausted; stopping."]
+        assert len(budget) == 3
+        assert len((await stack.trace(key))["turns"]) == 2
+
+    run_stack(body, tmp_path)
+
+
+def test_control_plane_and_odd_bodies_get_answers_in_the_callers_dialect(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        async with stack.http.post(f"{stack.url}/sessions", json={"session_id": "s-dup"}, headers=stack.admin) as resp:
+            assert resp.status == 201
+        async with stack.http.post(f"{stack.url}/sessions", json={"session_id": "s-dup"}, headers=stack.admin) as resp:
+            assert resp.status == 409 and "s-dup" in (await resp.json())["error"]["message"]
+        unreachable = {"llm_url": "http://127.0.0.1:9"}
+        async with stack.http.post(f"{stack.url}/sessions", json=unreachable, headers=stack.admin) as resp:
+            error = await resp.json()
+            assert resp.status == 502 and "engine probe failed" in error["error"]["message"], error
+        key = await stack.create_session()
+        msgs = [{"role": "user", "content": "hi"}]
+        status, error = await stack.chat(key, msgs, max_tokens="5")
+        assert status == 400 and error["error"]["param"] == "max_tokens"
+        status, error = await stack.chat(key, msgs, response_format="json")
+        assert status == 400 and error["error"]["param"] == "response_format"
+        headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+        async with stack.http.post(f"{stack.url}/v1/messages/count_tokens", json=[1], headers=headers) as resp:
+            error = await resp.json()
+            assert resp.status == 400 and error["type"] == "error", error
+
+    run_stack(body, tmp_path)
+
+
+def test_the_proxy_model_setting_names_the_served_model(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        async with stack.http.get(f"{stack.url}/sessions/{key}", headers=stack.admin) as resp:
+            assert (await resp.json())["model"] == "served-as-this"
+
+    run_stack(body, tmp_path, model="served-as-this")
