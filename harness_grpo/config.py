@@ -98,7 +98,9 @@ class HarnessGRPOConfig(TrainingArguments):
     weight_sync_timeout_s: float = field(default=300.0, metadata={"help": "Limit of every wait in a weight sync."})
 
     # --- logging ----------------------------------------------------------------------------------------------------
-    log_completions: bool = field(default=False, metadata={"help": "Print one sampled completion per step."})
+    log_completions: bool = field(
+        default=False, metadata={"help": "Print one rollout per step: verifier reward, tool calls, last completion."}
+    )
 
     def __post_init__(self) -> None:
         # Without a GPU, TrainingArguments sets up accelerate's process state as a single process

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler, set_seed
 from transformers.integrations import get_reporting_integration_callbacks
@@ -365,6 +366,8 @@ class HarnessAsyncGRPOTrainer:
                     )
                     self.dropped_stale = dropped_before + producer.dropped_stale
                     rows, metrics = self._rows_and_metrics(groups)
+                    if args.log_completions:
+                        self._print_sample(groups)
                     shared = (rows, metrics, max(g.row_index for g in groups) + 1, self.dropped_stale)
                 rows, metrics, self.dataset_position, self.dropped_stale = broadcast_from_main(shared)
                 metrics.update(self._optimize(rows))
@@ -517,6 +520,19 @@ class HarnessAsyncGRPOTrainer:
             f"tools/call {metrics.get('tools/call_frequency', 0.0):.2f} "
             f"loss {metrics.get('loss', float('nan')):.4f} v{self.policy_version} "
             f"{metrics.get('step_time_s', 0.0):.1f}s"
+        )
+
+    def _print_sample(self, groups: list[RolloutGroup]) -> None:
+        """One rollout of this step: verifier reward, turns, its last reply (``log_completions``)."""
+        outcome = next((o for g in groups for o in g.outcomes if o.trace is not None), groups[0].outcomes[0])
+        turns = outcome.trace.turns if outcome.trace is not None else []
+        message = turns[-1].response.get("choices", [{}])[0].get("message", {}) if turns else {}
+        calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in message.get("tool_calls") or []]
+        reply = repr((message.get("content") or "")[:600]) + (f" calls {calls}" if calls else "")
+        self._progress.console.print(
+            f"[dim]sample of step {self.state.global_step + 1}:[/] env_reward {outcome.env_reward}, "
+            f"{len(turns)} turns, {outcome.tool_call_count} tool calls"
+            f"{', error ' + escape(outcome.error) if outcome.error else ''}; last reply {escape(reply)}"
         )
 
     def _checkpoint_due(self) -> bool:

@@ -87,14 +87,17 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path: P
 
 
 @pytest.mark.timeout(600)
-def test_report_to_tensorboard_writes_the_trainer_metrics(tmp_path: Path) -> None:
+def test_report_to_tensorboard_writes_the_trainer_metrics_and_log_completions_prints_samples(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
     out.mkdir()
-    run = _launch(out, "--max_steps", "2", "--save_strategy", "no", "--report_to", "tensorboard")
+    run = _launch(
+        out, "--max_steps", "2", "--save_strategy", "no", "--report_to", "tensorboard", "--log_completions", "true"
+    )
     text = _wait(run, _log_path(out), 500)
     assert run.returncode == 0, text[-4000:]
+    assert text.count("sample of step ") == 2 and "last reply " in text, text[-4000:]
     events = list(out.glob("runs/*/events.out.tfevents.*"))
     assert events, f"no tensorboard event file under {out}/runs"
     accumulator = EventAccumulator(str(events[0].parent))
