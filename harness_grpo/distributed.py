@@ -4,7 +4,8 @@ Rank 0 owns the services (engine, proxy, rollout producer) and builds the step's
 broadcasts them, and every rank trains on its share (``shard_rows``: balanced by tokens,
 deterministic, so every rank computes every share alike). Data-parallel wrappers (DDP, FSDP2)
 synchronise gradients in each backward, so every rank must run the same number of backwards:
-``pad_microbatches`` adds zero-loss micro-batches (``filler_row``) up to the ranks' maximum.
+the trainer pads each rank's micro-batches with zero-loss ones (``filler_row``) up to the ranks'
+maximum (``max_over_ranks``).
 They also average gradients over ranks, so a rank scales its share of the global-normalised
 loss by the world size (``loss_scale``) to make the summed step loss the one-process loss.
 """
@@ -73,7 +74,7 @@ def shard_rows(rows: Sequence[Row], rank: int, world: int) -> list[Row]:
     return shares[rank]
 
 
-def filler_row(pad_token_id: int, policy_version: int = 0) -> Row:
+def filler_row(pad_token_id: int) -> Row:
     """A two-token row with advantage and weight 0: a backward that moves no weight but runs every collective."""
     return Row(
         input_ids=[pad_token_id, pad_token_id],
@@ -81,7 +82,7 @@ def filler_row(pad_token_id: int, policy_version: int = 0) -> Row:
         behaviour_logprobs=[0.0, 0.0],
         advantage=0.0,
         weight=0.0,
-        policy_version=policy_version,
+        policy_version=0,
         rollout_id="filler",
         group_id="filler",
     )

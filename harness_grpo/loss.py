@@ -13,8 +13,9 @@ Per trained token t of a row with advantage A (eps_high defaults to eps):
 
 `weight` and `normalizer` come from `harness_grpo.rows` (default: each rollout counts once, L is the
 mean over rollouts of per-rollout token means). The normalizer is the whole optimizer step's, so
-micro-batch losses are summed, never averaged (no 1/GA factor). Under data parallelism pass the
-normalizer summed over ranks, times the world size if gradients are averaged (DDP).
+micro-batch losses are summed, never averaged (no 1/GA factor). Under data parallelism every rank
+uses the global normalizer and multiplies its loss by the world size, since DDP/FSDP average
+gradients over ranks (``harness_grpo.distributed.loss_scale``).
 
 Anchor and importance sampling (`LossConfig.importance_sampling`, REFERENCE §6.17–20):
   * "off", `old_logprobs` None (AsyncGRPO's default): anchor = the engine's behaviour logprobs,

@@ -68,10 +68,6 @@ class MicroBatch:
     def num_computed_tokens(self) -> int:
         return self.input_ids.numel()
 
-    @property
-    def num_trainable_tokens(self) -> int:
-        return int(self.loss_mask.sum().item())
-
 
 @dataclass(slots=True)
 class Packing:

@@ -7,8 +7,8 @@ loop-owning definitions: ``tools/call_frequency`` = mean tool calls per
 scored-or-not rollout, ``tools/failure_frequency`` = total failures / total
 calls, ``tools/<name>/call_total``, ``tools/loop_exhausted_frac`` = fraction
 of rollouts that timed out. ``rollout/correctness_mean`` is the mean verifier
-reward over rollouts it could score; ``rollout/unscorable_frac`` the fraction
-it could not.
+reward over rollouts it could score (``rollout/unscorable_frac``, the
+fraction of rollouts without a reward, is ``group_metrics``').
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ def outcome_metrics(
         f"rewards/{reward_name}/mean": _mean(scored),
         f"rewards/{reward_name}/std": _std(scored),
         "rollout/correctness_mean": _mean(env),
-        "rollout/unscorable_frac": sum(r is None for r in rewards) / len(rewards) if rewards else 0.0,
         "rollout/errors": float(sum(o.error is not None for o in outcomes)),
         "rollout/turns_mean": _mean([len(o.trace.turns) for o in outcomes if o.trace is not None]),
         "tools/call_frequency": calls / len(outcomes) if outcomes else 0.0,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from proxy.capture_graph import AGENT, TrainingSequence
 from proxy.trace import TrainingTrace, TrainingTurn
@@ -66,7 +66,6 @@ class Row:
     group_id: str
     role: str = AGENT
     node_ids: tuple[str, ...] = ()
-    metadata: dict[str, Any] = field(default_factory=dict)
     n_trainable: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -147,7 +146,6 @@ def rollout_rows(
     max_length: int | None = None,
     weighting: Weighting = "rollout",
     stats: RowStats | None = None,
-    metadata: dict[str, Any] | None = None,
 ) -> list[Row]:
     """Rows for one scored rollout, one per kept sequence, in the sequences' order.
 
@@ -189,7 +187,6 @@ def rollout_rows(
             group_id=group_id,
             role=seq.role,
             node_ids=tuple(seq.node_ids),
-            metadata=dict(metadata or {}),
         )
         for seq, mask, logps in kept
     ]

@@ -328,7 +328,7 @@ class HarnessAsyncGRPOTrainer:
     # --- training -------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run until ``args.max_steps``; returns the last logged metrics (on rank 0; other ranks: {})."""
+        """Run until ``args.max_steps``; returns the last step's metrics (on rank 0; other ranks: {})."""
         args = self.args
         checkpoint = (
             latest_checkpoint(args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint or None

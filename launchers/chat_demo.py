@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,8 @@ async def chat(args: argparse.Namespace) -> Path:
                     messages.append({"role": "user", "content": "Keep going: use a tool."})
             async with http.get(f"{url}/sessions/{key}/trace", headers=admin) as resp:
                 trace_json = await resp.read()
+            async with http.delete(f"{url}/sessions/{key}", headers=admin) as resp:  # saved below; journal freed
+                resp.raise_for_status()
         trace = OpenEnvTrainingTrace.model_validate_json(trace_json)
         out = args.output_dir / "trace.json"
         out.write_bytes(trace_json)
@@ -130,6 +133,7 @@ async def chat(args: argparse.Namespace) -> Path:
         await proxy.stop()
         await engine_server.stop()
         engine.stop()
+        shutil.rmtree(workspace, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ threads at once (no shared connection).
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -45,8 +46,8 @@ class ProxyAdminClient:
             except (ValueError, KeyError, TypeError):
                 message = raw[:300].decode("utf-8", "replace")
             raise ProxyClientError(exc.code, message) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise ProxyClientError(0, str(exc)) from None
+        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as exc:
+            raise ProxyClientError(0, f"{type(exc).__name__}: {exc}") from None
 
     def create_session(self, **config: Any) -> str:
         """Open a session (``SessionConfig`` fields, optional ``session_id``); returns the agent's API key."""

@@ -1,6 +1,6 @@
 """The sampling policy a session pins, and the engine request it produces.
 
-Contract: ``engine_request(chat, session)`` turns a dialect-neutral chat request
+Contract: ``engine_request(chat, model=, policy=, max_output_tokens=)`` turns a dialect-neutral chat request
 into the exact body sent upstream. For training sessions the sampled
 distribution is the policy's, whatever the agent asked: temperature pinned,
 full vocabulary (``top_p=1, top_k=-1, min_p=0``), no penalties; fields that

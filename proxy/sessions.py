@@ -164,7 +164,7 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Session]:
         return iter(self._sessions.values())
 
     def get(self, session_id: str | None) -> Session | None:

@@ -49,7 +49,10 @@ TOOLS = [
 
 
 def run_tool(name: str, arguments: str, workdir: Path) -> tuple[str, bool]:
-    """Execute one call; ``(output, finished)``. Bad calls return an error text, never raise."""
+    """Execute one call in ``workdir``; ``(output, finished)``. Bad calls return an error text, never raise.
+
+    ``list_files`` lists ``workdir`` whatever ``directory`` says; ``read_file`` reads only inside it.
+    """
     try:
         args = json.loads(arguments or "{}")
         if not isinstance(args, dict):
@@ -59,8 +62,13 @@ def run_tool(name: str, arguments: str, workdir: Path) -> tuple[str, bool]:
     if name == "list_files":
         return "\n".join(sorted(p.name for p in workdir.iterdir())), False
     if name == "read_file":
-        path = workdir / str(args.get("path", ""))
-        return (path.read_text()[:4000], False) if path.is_file() else (f"error: no such file {path.name}", False)
+        path = (workdir / str(args.get("path", ""))).resolve()
+        if not path.is_relative_to(workdir.resolve()) or not path.is_file():
+            return f"error: no such file {path.name}", False
+        try:
+            return path.read_text()[:4000], False
+        except (OSError, UnicodeDecodeError) as exc:
+            return f"error: cannot read {path.name} ({type(exc).__name__})", False
     if name == "echo":
         return str(args.get("text", "")), False
     if name == "submit":

@@ -12,9 +12,9 @@ futures, and blocking control calls and template rendering run in the default
 executor. Every wait is bounded (``request_timeout_s``, ``control_timeout_s``),
 and a client that disconnects cancels its request.
 
-``EngineServer`` starts and stops the app on a running loop; ``ServerThread``
-runs it on a background thread with its own loop, for tests and for a trainer
-that keeps the engine in-process. Neither starts or stops the engine itself.
+``EngineServer`` starts and stops the app on a running loop (the trainer runs
+it on its service loop); ``ServerThread`` runs it on a background thread with
+its own loop, for tests and scripts. Neither starts or stops the engine itself.
 """
 
 from __future__ import annotations
