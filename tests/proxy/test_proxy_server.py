@@ -299,3 +299,26 @@ def test_the_proxy_model_setting_names_the_served_model(tmp_path: Path) -> None:
             assert (await resp.json())["model"] == "served-as-this"
 
     run_stack(body, tmp_path, model="served-as-this")
+
+
+def test_the_blocking_admin_client_covers_the_control_plane(tmp_path: Path) -> None:
+    from proxy.client import ProxyAdminClient, ProxyClientError
+
+    async def body(stack: Stack) -> None:
+        client = ProxyAdminClient(stack.url, stack.proxy.admin_key, timeout_s=10)
+        key = await asyncio.to_thread(client.create_session, max_model_calls=3, metadata={"episode": 1})
+        await agent_turns(stack, key, 2)
+        described = await asyncio.to_thread(client.describe, key)
+        assert described["config"]["metadata"] == {"episode": 1} and described["stats"]["calls"] == 2
+        trace = await asyncio.to_thread(client.trace, key)
+        sequences = await asyncio.to_thread(client.sequences, key)
+        assert len(trace.turns) == 2 and len(sequences) == 1
+        await asyncio.to_thread(client.delete, key)
+        with pytest.raises(ProxyClientError) as missing:
+            await asyncio.to_thread(client.describe, key)
+        assert missing.value.status == 404
+        with pytest.raises(ProxyClientError) as refused:
+            await asyncio.to_thread(ProxyAdminClient(stack.url, "wrong-key", timeout_s=10).create_session)
+        assert refused.value.status == 401
+
+    run_stack(body, tmp_path)
