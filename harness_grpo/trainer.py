@@ -335,8 +335,9 @@ class HarnessAsyncGRPOTrainer:
         )
         if checkpoint:
             self._load_checkpoint(Path(checkpoint))
+        torch_threads = torch.get_num_threads()
         if self.device.type == "cpu" and args.vllm_server_base_url is None:
-            torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores
+            torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores (restored at the end)
         producer = None
         last: dict[str, float] = {}
         dropped_before = self.dropped_stale
@@ -394,6 +395,7 @@ class HarnessAsyncGRPOTrainer:
             if producer is not None:
                 producer.stop()
             self._stop_services()
+            torch.set_num_threads(torch_threads)
         return last
 
     def _reward(self, outcome: HarnessRolloutOutcome) -> float | None:

@@ -120,6 +120,10 @@ class EmbeddedEngine:
         return self._generator.paused
 
     @property
+    def num_waiting(self) -> int:
+        return self._generator.num_waiting
+
+    @property
     def stats(self) -> GeneratorStats:
         return self._generator.stats
 

@@ -144,6 +144,11 @@ class Generator:
     def paused(self) -> bool:
         return self._paused
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet admitted to a batch (vLLM's ``num_requests_waiting``)."""
+        return len(self._incoming)
+
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Future:
         """Queue one request; the future resolves to a ``Completion``."""
         seed = params.seed if params.seed is not None else secrets.randbits(63)

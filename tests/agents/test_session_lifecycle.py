@@ -13,7 +13,7 @@ from harness_grpo.agent_clis import run_process
 from harness_grpo.local_agent import LocalAgentSessionFactory
 from harness_grpo.session_protocol import ProxyEndpoint
 
-LEAVES_A_CHILD = "sleep 300 & echo $! > child.pid; {tail}"
+LEAVES_A_CHILD = "sleep 300 & echo $! > child.pid.tmp && mv child.pid.tmp child.pid; {tail}"
 
 
 def _alive(pid: int) -> bool:

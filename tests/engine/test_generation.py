@@ -76,22 +76,30 @@ def test_greedy_logprobs_are_plain_log_softmax(http, max_error):
     assert max_error(prompt_ids, token_ids, logprobs, 1.0) < TOL
 
 
-def test_concurrent_requests_of_different_lengths_batch_and_match(engine, http, max_error):
+def test_concurrent_requests_of_different_lengths_batch_and_match(fresh_served, max_error):
     """Requests paused at the door enter one batch together; one more joins while it decodes."""
     contents = ["x", "def f():\n    return 1\n" * 3, "import sys\n" * 20, "class A:\n    pass\n" * 9]
     bodies = [
         _chat_body(c, temperature=0.7 if i % 2 else 1.0, seed=i, max_tokens=8 + 6 * i) for i, c in enumerate(contents)
     ]
     late = _chat_body("for i in range(3):", temperature=1.0, seed=9, max_tokens=10)
+    engine, http = fresh_served  # its own engine: this test pauses it and reads its peak batch size
     steps_before = engine.stats.decode_steps
 
     async def run() -> list[tuple[int, dict]]:
         async with aiohttp.ClientSession() as session:
             engine.pause()
-            tasks = [asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", b)) for b in bodies]
-            await asyncio.sleep(0.3)  # all four queued behind the pause
-            engine.resume()
+            try:
+                tasks = [asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", b)) for b in bodies]
+                deadline = time.monotonic() + 30
+                while engine.num_waiting < len(bodies):  # all four queued behind the pause
+                    assert time.monotonic() < deadline, "requests did not reach the engine"
+                    await asyncio.sleep(0.01)
+            finally:
+                engine.resume()
+            deadline = time.monotonic() + 30
             while engine.stats.decode_steps < steps_before + 3:
+                assert time.monotonic() < deadline, "no decode steps"
                 await asyncio.sleep(0.005)
             tasks.append(asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", late)))
             return await asyncio.gather(*tasks)

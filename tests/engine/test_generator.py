@@ -66,7 +66,7 @@ def test_ignore_eos_samples_on_to_max_tokens(make_generator, reference_model, to
 
 def test_cancelled_request_leaves_the_batch(make_generator, tokenizer):
     generator = make_generator()
-    long = generator.submit(tokenizer.encode("x"), SamplingParams(max_tokens=5000))
+    long = generator.submit(tokenizer.encode("x"), SamplingParams(max_tokens=5000, ignore_eos=True))
     short = generator.submit(tokenizer.encode("y"), SamplingParams(max_tokens=5, ignore_eos=True))
     assert short.result(30).finish_reason == "length"
     assert long.cancel()

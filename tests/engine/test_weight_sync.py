@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -37,6 +39,13 @@ def perturbed_model(tiny_path) -> torch.nn.Module:
         for param in model.parameters():
             param.add_(0.5 * param.std() * torch.randn(param.shape, generator=generator))
     return model
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.002)
 
 
 def _safetensors(model: torch.nn.Module) -> bytes:
@@ -91,8 +100,9 @@ def test_request_sent_while_paused_completes_after_resume(fresh_served):
             assert (await http.arequest(session, "POST", "/pause"))[1]["paused"] is True
             assert (await http.arequest(session, "GET", "/is_paused"))[1] == {"is_paused": True}
             task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", _body(ignore_eos=True)))
-            await asyncio.sleep(0.5)
-            assert not task.done()
+            await _until(lambda: engine.num_waiting == 1)  # reached the engine, held at the door
+            await asyncio.sleep(0.2)
+            assert not task.done() and engine.num_waiting == 1
             assert engine.stats.prefill_tokens == 0
             assert (await http.arequest(session, "POST", "/resume"))[1]["paused"] is False
             status, response = await asyncio.wait_for(task, 30)
@@ -109,8 +119,7 @@ def test_pause_keep_freezes_in_flight_request_across_an_update(fresh_served, per
             task = asyncio.create_task(
                 http.arequest(session, "POST", "/v1/chat/completions", _body(max_tokens=400, ignore_eos=True))
             )
-            while engine.stats.generated_tokens == 0:
-                await asyncio.sleep(0.002)
+            await _until(lambda: engine.stats.generated_tokens > 0)
             await http.arequest(session, "POST", "/pause?mode=keep")
             frozen = engine.stats.generated_tokens
             await asyncio.sleep(0.3)
@@ -131,12 +140,14 @@ def test_pause_wait_drains_in_flight_requests(fresh_served):
 
     async def run() -> None:
         async with aiohttp.ClientSession() as session:
-            task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", _body(max_tokens=60)))
-            while engine.stats.generated_tokens == 0:
-                await asyncio.sleep(0.002)
+            body = _body(max_tokens=200, ignore_eos=True)
+            task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", body))
+            await _until(lambda: engine.stats.generated_tokens > 0)
             status, health = await http.arequest(session, "POST", "/pause?mode=wait")
             assert status == 200 and health["paused"] is True
-            assert task.done() and task.result()[0] == 200
+            assert engine.stats.generated_tokens == 200  # the pause answered after the request was drained
+            status, response = await asyncio.wait_for(task, 5)
+            assert status == 200 and len(response["choices"][0]["token_ids"]) == 200
             status, error = await http.arequest(session, "POST", "/pause?mode=abort")
             assert status == 400 and error["error"]["param"] == "mode"
             await http.arequest(session, "POST", "/resume")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -198,14 +201,20 @@ def test_bad_bodies_get_clear_4xx(tmp_path: Path) -> None:
 
 
 def _start(cmd: list[str], pattern: str) -> tuple[subprocess.Popen, str]:
+    """Start ``cmd`` and return it with the address on its first output line holding ``pattern`` (30 s)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
         if pattern in line:
             return proc, line.split("http://")[1].split()[0]
     proc.kill()
-    raise RuntimeError(f"{cmd} did not start")
+    raise RuntimeError(f"{cmd} did not print {pattern!r} within 30 s")
 
 
 def test_sigkill_and_restart_serves_same_traces(tmp_path: Path) -> None:
@@ -274,10 +283,12 @@ def test_control_plane_and_odd_bodies_get_answers_in_the_callers_dialect(tmp_pat
             assert resp.status == 201
         async with stack.http.post(f"{stack.url}/sessions", json={"session_id": "s-dup"}, headers=stack.admin) as resp:
             assert resp.status == 409 and "s-dup" in (await resp.json())["error"]["message"]
-        unreachable = {"llm_url": "http://127.0.0.1:9"}
-        async with stack.http.post(f"{stack.url}/sessions", json=unreachable, headers=stack.admin) as resp:
-            error = await resp.json()
-            assert resp.status == 502 and "engine probe failed" in error["error"]["message"], error
+        with socket.socket() as closed_port:  # bound, never listening: connections are refused
+            closed_port.bind(("127.0.0.1", 0))
+            unreachable = {"llm_url": f"http://127.0.0.1:{closed_port.getsockname()[1]}"}
+            async with stack.http.post(f"{stack.url}/sessions", json=unreachable, headers=stack.admin) as resp:
+                error = await resp.json()
+                assert resp.status == 502 and "engine probe failed" in error["error"]["message"], error
         key = await stack.create_session()
         msgs = [{"role": "user", "content": "hi"}]
         status, error = await stack.chat(key, msgs, max_tokens="5")

@@ -175,39 +175,6 @@ def test_producer_surfaces_fatal_errors() -> None:
         loop.call_soon_threadsafe(loop.stop)
 
 
-def test_stop_ends_every_producer_task_before_returning() -> None:
-    """Groups still in flight are cancelled and awaited on the loop, not left pending when it stops."""
-
-    class Slow(Session):
-        def wait_for_completion(self, timeout_s: float | None = None) -> int:
-            time.sleep(0.3)
-            return 0
-
-    class SlowFactory:
-        def create(self, task: dict, *, seed: int, episode_id: str) -> Session:
-            return Slow()
-
-    async def pending_tasks() -> list[asyncio.Task]:
-        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    producer = _producer(SlowFactory(), max_groups_ahead=3)
-    producer.start(loop)
-    try:
-        producer.take(1, current_version=0, max_staleness=0, timeout_s=20)
-        in_flight = asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5)
-        assert len(in_flight) >= 2  # the producing task and at least one running group
-        producer.stop()
-        assert asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5) == []
-        assert all(task.done() for task in in_flight)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-    loop.close()
-
-
 def _loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -216,7 +183,8 @@ def _loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
 
 
 def test_stop_closes_running_sessions_and_waits_for_their_threads() -> None:
-    """An agent that would run for minutes is closed (killed) by ``stop``; no worker thread outlives it."""
+    """An agent that would run for minutes is closed (killed) by ``stop``; no worker thread or loop task
+    outlives it."""
     sessions: list[Session] = []
 
     class Endless(Session):
@@ -237,6 +205,9 @@ def test_stop_closes_running_sessions_and_waits_for_their_threads() -> None:
             sessions.append(Endless())
             return sessions[-1]
 
+    async def pending_tasks() -> list[asyncio.Task]:
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
     before = set(threading.enumerate())
     loop, thread = _loop_thread()
     producer = _producer(EndlessFactory(), rollout_timeout_s=120)
@@ -246,11 +217,16 @@ def test_stop_closes_running_sessions_and_waits_for_their_threads() -> None:
         while len(sessions) < 4:  # max_concurrent_rollouts sessions running
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        in_flight = asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5)
+        assert len(in_flight) >= 2  # the producing task and the running groups
         started = time.monotonic()
         producer.stop(timeout_s=10)
         assert time.monotonic() - started < 5
         assert all(s.closed for s in sessions)
         assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("rollout")]
+        # Cancelled and awaited on the loop, not left pending when the loop stops.
+        assert asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5) == []
+        assert all(task.done() for task in in_flight)
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)

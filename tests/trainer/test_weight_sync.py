@@ -267,7 +267,7 @@ def test_http_sync_times_out_against_an_engine_that_never_answers(silent_server,
     with pytest.raises(WeightSyncError, match=r"POST /pause: no answer within 1.0s") as raised:
         sync.sync(trainer_model)
     elapsed = time.monotonic() - start
-    assert 1.0 <= elapsed < 1.0 + 0.5 + 1.0, elapsed  # the pause's limit plus one bounded resume attempt
+    assert 1.0 <= elapsed < 1.0 + 0.5 + 4.0, elapsed  # the pause's limit plus one bounded resume attempt (+ slack)
     assert "resume failed" in str(raised.value) and raised.value.status is None
     assert silent_server.request_lines() == ["POST /pause?mode=keep HTTP/1.1", "POST /resume HTTP/1.1"]
     assert sync.version == 0
@@ -279,7 +279,7 @@ def test_vllm_sync_times_out_against_a_server_that_never_answers(silent_server):
     start = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"GET /get_world_size: no answer within 0\.5s"):
         sync.sync(nn.Linear(2, 2))
-    assert time.monotonic() - start < 1.5
+    assert time.monotonic() - start < 0.5 + 4.0  # bounded: the limit plus slack for a loaded machine
     sync.close()
 
 
@@ -527,7 +527,7 @@ def test_vllm_stalled_update_weights_fails_in_time_and_cleans_up(plane, transpor
     start = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"POST /update_weights did not finish within 1.0s") as raised:
         sync.sync(model)
-    assert time.monotonic() - start < 1.0 + 2.0
+    assert time.monotonic() - start < 1.0 + 5.0
     assert "finish ok" in str(raised.value) and "resume ok" in str(raised.value)
     assert plane.paths() == SYNC_ROUTES  # the cleanup: finish and resume after the stalled update
     assert sync.version == 1 and sync.broken
@@ -548,7 +548,7 @@ def test_vllm_stalled_transport_send_fails_in_time_and_cleans_up():
         start = time.monotonic()
         with pytest.raises(WeightSyncError, match=r"POST /update_weights, transport send did not finish within 1\.0s"):
             sync.sync(Wrapped())
-        assert time.monotonic() - start < 1.0 + 2.0
+        assert time.monotonic() - start < 1.0 + 5.0
         assert plane.paths()[2:] == SYNC_ROUTES
         assert sync.version == 0 and sync.broken
         sync.close()
@@ -615,7 +615,9 @@ def test_concurrent_syncs_are_refused(plane, transport):
 
     first = threading.Thread(target=first_sync, daemon=True)
     first.start()
+    deadline = time.monotonic() + 30
     while "/update_weights" not in plane.paths():
+        assert time.monotonic() < deadline, "the first sync never reached /update_weights"
         time.sleep(0.01)
     with pytest.raises(WeightSyncError, match="in progress"):
         sync.sync(Wrapped())
