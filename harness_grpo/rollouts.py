@@ -215,7 +215,7 @@ class RolloutProducer:
             self._stopping = True
 
     async def _cancel_tasks(self) -> None:
-        await cancel_and_wait(list(self._tasks))
+        await cancel_and_wait(list(self._tasks))  # the set is read here, on the loop that changes it
 
     def _track(self, task: asyncio.Task) -> None:
         self._tasks.add(task)

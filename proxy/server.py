@@ -314,30 +314,19 @@ class CaptureProxy:
             session.stats.budget_refusals += 1
             return await self._reply(request, dialect, chat, _budget_reply(session.model, chat))
         with session.call_slot():  # concurrent calls of one session cannot overrun its budget
-            return await self._engine_call(request, dialect, chat, session, upstream_body, requested)
-
-    async def _engine_call(
-        self,
-        request: web.Request,
-        dialect: ModuleType,
-        chat: ChatRequest,
-        session: Session,
-        upstream_body: dict[str, Any],
-        requested: dict[str, Any],
-    ) -> web.StreamResponse:
-        started = time.perf_counter()
-        client = self._client(session.config.llm_url)
-        if chat.stream:
-            return await self._streamed_call(request, dialect, chat, session, client, upstream_body, requested)
-        try:
-            engine = await client.chat(upstream_body)
-            self._record(session, chat, engine, upstream_body, requested, request)
-        except UpstreamError as exc:
-            session.stats.errors += 1
-            self.metrics.upstream_errors += 1
-            return _json(dialect.render_error(exc.status, str(exc), "api_error"), exc.status)
-        self.metrics.observe_call(time.perf_counter() - started)
-        return _json(dialect.render_response(engine, chat))
+            started = time.perf_counter()
+            client = self._client(session.config.llm_url)
+            if chat.stream:
+                return await self._streamed_call(request, dialect, chat, session, client, upstream_body, requested)
+            try:
+                engine = await client.chat(upstream_body)
+                self._record(session, chat, engine, upstream_body, requested, request)
+            except UpstreamError as exc:
+                session.stats.errors += 1
+                self.metrics.upstream_errors += 1
+                return _json(dialect.render_error(exc.status, str(exc), "api_error"), exc.status)
+            self.metrics.observe_call(time.perf_counter() - started)
+            return _json(dialect.render_response(engine, chat))
 
     async def _streamed_call(
         self,
