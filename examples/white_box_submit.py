@@ -14,25 +14,24 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from examples import submit_task
 from examples.agents.tool_agent import SYSTEM_PROMPT, TOOLS, run_tool
-from harness_grpo.session_protocol import VerifyResult
+from harness_grpo.session_protocol import VerifyResult, instruction_of
 from harness_grpo.white_box import HarnessRunLimits, ModelStep
 
 
 class SubmitTaskSession:
     """One task's environment: a fresh working directory, verified by ``submit_task.verifier``."""
 
-    def __init__(self, task: Mapping[str, Any]) -> None:
-        self.task = task
+    def __init__(self, prompt: Any) -> None:
+        self.task = {"prompt": instruction_of(prompt)}
         self.workdir = Path(tempfile.mkdtemp(prefix="white-box-"))
-        submit_task.setup(self.workdir, task)
+        submit_task.setup(self.workdir, self.task)
 
-    def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
+    def verify(self, transcript: Any = None, final_state: Any = None) -> VerifyResult:
         return VerifyResult(env_reward=submit_task.verifier(self.workdir, self.task))
 
     def close(self) -> None:
@@ -40,13 +39,13 @@ class SubmitTaskSession:
 
 
 class SubmitTaskSessionFactory:
-    """Built by the trainer (``sampling``, ``proxy``, ... are the white-box wrapper's business, not ours)."""
+    """Built by the trainer as ``SubmitTaskSessionFactory(sampling=...)``; the white-box wrapper pins the sampling."""
 
-    def __init__(self, **_: Any) -> None:
-        pass
+    def __init__(self, sampling: dict[str, Any] | None = None) -> None:
+        self.sampling = sampling
 
-    def create(self, task: Mapping[str, Any], *, seed: int, episode_id: str) -> SubmitTaskSession:
-        return SubmitTaskSession(task)
+    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> SubmitTaskSession:
+        return SubmitTaskSession(prompt)
 
 
 class SubmitToolLoop:

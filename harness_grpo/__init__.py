@@ -1,0 +1,88 @@
+"""harness-grpo: async GRPO for black-box coding agents behind an exact-token capture proxy.
+
+The public API, one import path per concept::
+
+    from harness_grpo import HarnessAsyncGRPOTrainer, HarnessGRPOConfig, HarnessRolloutOutcome
+
+Names are resolved on first use, so ``import harness_grpo.engine`` (or the proxy) does not pay for
+the trainer's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "HarnessAsyncGRPOTrainer": "harness_grpo.trainer",
+    "HarnessGRPOConfig": "harness_grpo.config",
+    "HarnessRolloutOutcome": "harness_grpo.outcomes",
+    "HarnessTurn": "harness_grpo.outcomes",
+    "HarnessSession": "harness_grpo.session_protocol",
+    "HarnessSessionFactory": "harness_grpo.session_protocol",
+    "TrainerBoundSessionFactory": "harness_grpo.session_protocol",
+    "SessionContractError": "harness_grpo.session_protocol",
+    "VerifyResult": "harness_grpo.session_protocol",
+    "RolloutContext": "harness_grpo.rollout_context",
+    "HarnessAdapter": "harness_grpo.white_box",
+    "HarnessRunLimits": "harness_grpo.white_box",
+    "LocalAgentSessionFactory": "harness_grpo.local_agent",
+    "CLIAgentSessionFactory": "harness_grpo.agent_clis",
+    "with_turn_rule": "harness_grpo.turn_masks",
+    "has_tool_call": "harness_grpo.turn_masks",
+    "TrainingTrace": "proxy.trace",
+    "TrainingTurn": "proxy.trace",
+    "CaptureContractError": "proxy.trace",
+}
+__all__ = [
+    "CLIAgentSessionFactory",
+    "CaptureContractError",
+    "HarnessAdapter",
+    "HarnessAsyncGRPOTrainer",
+    "HarnessGRPOConfig",
+    "HarnessRolloutOutcome",
+    "HarnessRunLimits",
+    "HarnessSession",
+    "HarnessSessionFactory",
+    "HarnessTurn",
+    "LocalAgentSessionFactory",
+    "RolloutContext",
+    "SessionContractError",
+    "TrainerBoundSessionFactory",
+    "TrainingTrace",
+    "TrainingTurn",
+    "VerifyResult",
+    "has_tool_call",
+    "with_turn_rule",
+]
+
+if TYPE_CHECKING:
+    from harness_grpo.agent_clis import CLIAgentSessionFactory
+    from harness_grpo.config import HarnessGRPOConfig
+    from harness_grpo.local_agent import LocalAgentSessionFactory
+    from harness_grpo.outcomes import HarnessRolloutOutcome, HarnessTurn
+    from harness_grpo.rollout_context import RolloutContext
+    from harness_grpo.session_protocol import (
+        HarnessSession,
+        HarnessSessionFactory,
+        SessionContractError,
+        TrainerBoundSessionFactory,
+        VerifyResult,
+    )
+    from harness_grpo.trainer import HarnessAsyncGRPOTrainer
+    from harness_grpo.turn_masks import has_tool_call, with_turn_rule
+    from harness_grpo.white_box import HarnessAdapter, HarnessRunLimits
+    from proxy.trace import CaptureContractError, TrainingTrace, TrainingTurn
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness_grpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -37,13 +37,14 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness_grpo.session_protocol import ProxyEndpoint, ProxySessionLease, VerifyResult
-from proxy.client import ProxyAdminClient
+from harness_grpo.rollout_context import ProxySessionLease, RolloutContext
+from harness_grpo.session_protocol import VerifyResult, instruction_of
 from proxy.trace import TrainingTrace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -411,9 +412,18 @@ RUNNERS = {"opencode": run_opencode, "codex": run_codex, "claude-code": run_clau
 class CLIAgentSession:
     """One coding-agent CLI run on one task, as a ``HarnessSession`` (see ``CLIAgentSessionFactory``)."""
 
-    def __init__(self, factory: CLIAgentSessionFactory, task: Mapping[str, Any], *, seed: int, episode_id: str) -> None:
+    def __init__(
+        self,
+        factory: CLIAgentSessionFactory,
+        task: Mapping[str, Any],
+        context: RolloutContext,
+        *,
+        seed: int,
+        episode_id: str,
+    ) -> None:
         self.task = task
         self._factory = factory
+        self._context = context
         self.root = Path(tempfile.mkdtemp(prefix=f"{factory.agent}-{episode_id[:8]}-", dir=factory.workdir_root))
         self.workdir, self.home = self.root / "work", self.root / "home"
         self.workdir.mkdir()
@@ -426,13 +436,7 @@ class CLIAgentSession:
         try:
             if factory.setup is not None:
                 factory.setup(self.workdir, task)
-            self.lease = ProxySessionLease(
-                factory.admin,
-                sampling=factory.sampling,
-                max_model_calls=factory.max_model_calls,
-                max_output_tokens=factory.max_output_tokens,
-                metadata={"episode_id": episode_id, "seed": seed, "agent": factory.agent},
-            )
+            self.lease = context.lease({"episode_id": episode_id, "seed": seed, "agent": factory.agent})
         except BaseException:
             self.close()
             raise
@@ -442,10 +446,10 @@ class CLIAgentSession:
         assert self.lease is not None and self.lease.key is not None
         factory = self._factory
         self.run = RUNNERS[factory.agent](
-            base_url=factory.proxy.base_url,
+            base_url=self._context.proxy.base_url,
             api_key=self.lease.key,
-            model=factory.model_name,
-            task=str(self.task["prompt"]),
+            model=self._context.model_name,
+            task=instruction_of(self.task["prompt"]),
             workdir=self.workdir,
             home=self.home,
             timeout_s=timeout_s if timeout_s is not None else 3600.0,
@@ -484,10 +488,10 @@ class CLIAgentSession:
 class CLIAgentSessionFactory:
     """Sessions that run ``agent`` (one of ``AGENTS``) as a local process against the trainer's proxy.
 
-    The trainer supplies ``sampling``, ``proxy``, ``max_model_calls`` and ``max_output_tokens``;
+    The trainer supplies ``sampling`` and binds its proxy and budgets (``bind_rollout``);
     ``verifier(workdir, task)`` scores the agent's working directory, ``setup(workdir, task)``
     prepares it. ``system_prompt`` (e.g. ``SMALL_MODEL_PROMPT`` for the tiny model) replaces the
-    agent's own prompt and keeps its shell tool only; the agent gets the task's ``prompt``.
+    agent's own prompt and keeps its shell tool only; the agent gets the task's prompt text.
     """
 
     def __init__(
@@ -496,12 +500,8 @@ class CLIAgentSessionFactory:
         agent: str,
         verifier: Callable[[Path, Mapping[str, Any]], float | None],
         sampling: dict[str, Any],
-        proxy: ProxyEndpoint,
         setup: Callable[[Path, Mapping[str, Any]], None] | None = None,
         system_prompt: str | None = None,
-        model_name: str = "policy",
-        max_model_calls: int | None = None,
-        max_output_tokens: int | None = None,
         workdir_root: str | None = None,
     ) -> None:
         if agent not in RUNNERS:
@@ -512,13 +512,17 @@ class CLIAgentSessionFactory:
         self.verifier = verifier
         self.setup = setup
         self.sampling = dict(sampling)
-        self.proxy = proxy
-        self.admin = ProxyAdminClient(proxy.base_url, proxy.admin_key)
         self.system_prompt = system_prompt
-        self.model_name = model_name
-        self.max_model_calls = max_model_calls
-        self.max_output_tokens = max_output_tokens
         self.workdir_root = workdir_root
+        self.context: RolloutContext | None = None
 
-    def create(self, task: Mapping[str, Any], *, seed: int, episode_id: str) -> CLIAgentSession:
-        return CLIAgentSession(self, task, seed=seed, episode_id=episode_id)
+    def bind_rollout(self, context: RolloutContext) -> None:
+        self.context = context
+
+    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> CLIAgentSession:
+        return self.create_from_row({"prompt": prompt}, seed=seed or 0, episode_id=episode_id or uuid.uuid4().hex)
+
+    def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> CLIAgentSession:
+        if self.context is None:
+            raise RuntimeError("CLIAgentSessionFactory is not bound to a proxy: the trainer calls bind_rollout")
+        return CLIAgentSession(self, row, self.context, seed=seed, episode_id=episode_id)

@@ -5,6 +5,12 @@ It extends ``transformers.TrainingArguments``, so ``output_dir``,
 ``save_steps``, ``report_to``, ``seed``, ``bf16`` ... behave as in any
 Hugging Face trainer and parse from flags or YAML through ``HfArgumentParser``.
 
+Defaults follow TRL's async GRPO where it has the same setting: ``learning_rate``
+1e-6, a ``constant`` schedule (forks and dropped groups make the number of
+samples per step unknowable), ``logging_steps`` 1, token-level loss weighting.
+``max_steps`` is optional: without it a run is ``num_train_epochs`` passes
+over the dataset, ``ceil(epochs * rows / groups_per_step)`` steps.
+
 Batch shape: one optimizer step consumes ``groups_per_step`` complete groups
 of ``num_generations`` rollouts of one dataset row each. A rollout becomes one
 or more rows (one per training sequence of its trace); rows are packed into
@@ -24,6 +30,13 @@ from transformers import TrainingArguments
 @dataclass
 class HarnessGRPOConfig(TrainingArguments):
     """Settings of ``HarnessAsyncGRPOTrainer`` (see the module docstring for the batch shape)."""
+
+    # --- TrainingArguments defaults that differ for async GRPO ------------------------------------------------------
+    learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (TRL's async GRPO default)."})
+    lr_scheduler_type: str = field(
+        default="constant", metadata={"help": "Learning-rate schedule; constant by default (TRL's async GRPO)."}
+    )
+    logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
 
     # --- rollouts ---------------------------------------------------------------------------------------------------
     num_generations: int = field(default=8, metadata={"help": "Rollouts per dataset row (the GRPO group size)."})
@@ -52,8 +65,11 @@ class HarnessGRPOConfig(TrainingArguments):
         metadata={"help": "White-box mode (harness_adapter): model calls per rollout; None: 8."},
     )
     max_completion_length: int = field(
-        default=1024,
-        metadata={"help": "Most tokens sampled per model call (per turn, as in TRL AsyncGRPO), enforced by the proxy."},
+        default=2048,
+        metadata={
+            "help": "Most tokens sampled per model call (per turn, as in TRL AsyncGRPO), enforced by the proxy "
+            "when the trainer runs it (a third-party session factory enforces its own)."
+        },
     )
     max_sequence_length: int = field(
         default=32768,
@@ -66,6 +82,10 @@ class HarnessGRPOConfig(TrainingArguments):
 
     # --- sampling (the policy every session pins) --------------------------------------------------------------------
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature; the loss uses the same."})
+    top_p: float = field(default=1.0, metadata={"help": "Must be 1.0: the loss assumes full-vocabulary samples."})
+    top_k: int = field(default=-1, metadata={"help": "Must be -1 (or 0): the loss assumes full-vocabulary samples."})
+    min_p: float = field(default=0.0, metadata={"help": "Must be 0.0: the loss assumes full-vocabulary samples."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Must be 1.0: no penalty the loss can't see."})
 
     # --- engine -----------------------------------------------------------------------------------------------------
     vllm_server_base_url: str | None = field(
@@ -91,6 +111,14 @@ class HarnessGRPOConfig(TrainingArguments):
     importance_sampling_cap: float = field(default=2.0, metadata={"help": "Cap of the token IS weight."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient to the initial policy; 0: no reference."})
     scale_rewards: bool = field(default=True, metadata={"help": "Divide group advantages by the group's std."})
+    loss_weighting: str = field(
+        default="token",
+        metadata={
+            "help": "'token': every trainable token of the step weighs the same (GRPO's weighting, as TRL's async "
+            "GRPO); 'rollout': each rollout's tokens are averaged first, so every rollout weighs the same however "
+            "long it is and however many rows the capture split it into (harness_grpo.rows)."
+        },
+    )
     max_tokens_per_microbatch: int = field(default=16384, metadata={"help": "Token budget of one packed micro-batch."})
 
     # --- weight sync ------------------------------------------------------------------------------------------------
@@ -118,4 +146,25 @@ class HarnessGRPOConfig(TrainingArguments):
             raise ValueError("importance_sampling must be 'token_tis', 'token_mask' or 'off'")
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0")
+        if self.top_k == 0:
+            self.top_k = -1
+        neutral = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+        changed = {name: getattr(self, name) for name, value in neutral.items() if getattr(self, name) != value}
+        if changed:
+            raise ValueError(
+                f"{changed}: training samples the full vocabulary (top_p=1, top_k=-1, min_p=0, repetition_penalty=1); "
+                "a truncated or penalised distribution makes the engine's logprobs disagree with the loss"
+            )
+        if self.loss_weighting not in ("token", "rollout"):
+            raise ValueError("loss_weighting must be 'token' or 'rollout'")
         self.train_roles = tuple(self.train_roles)
+
+    def sampling_policy(self) -> dict[str, float | int]:
+        """The policy handed to ``harness_session_factory(sampling=...)``: every session pins it."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }

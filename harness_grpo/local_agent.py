@@ -8,7 +8,8 @@ the agent owns its loop and talks only HTTP. ``verify`` runs the task's
 verifier on the scratch directory after the agent ended: the reward comes
 from the end state, never from what the agent reports.
 
-Build it through the trainer, which supplies ``sampling`` and ``proxy``::
+Build it through the trainer, which supplies ``sampling`` and then binds it to its proxy
+(``bind_rollout``, a ``TrainerBoundSessionFactory``)::
 
     factory = functools.partial(LocalAgentSessionFactory, command=[...], verifier=my_verifier)
 """
@@ -22,12 +23,13 @@ import signal
 import subprocess
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness_grpo.session_protocol import ProxyEndpoint, ProxySessionLease, VerifyResult
-from proxy.client import ProxyAdminClient
+from harness_grpo.rollout_context import ProxySessionLease, RolloutContext
+from harness_grpo.session_protocol import VerifyResult, instruction_of
 from proxy.trace import TrainingTrace
 
 Verifier = Callable[[Path, Mapping[str, Any]], float | None]
@@ -43,6 +45,7 @@ class LocalAgentSession:
         self,
         factory: LocalAgentSessionFactory,
         task: Mapping[str, Any],
+        context: RolloutContext,
         *,
         seed: int,
         episode_id: str,
@@ -57,24 +60,18 @@ class LocalAgentSession:
         try:
             if factory.setup is not None:
                 factory.setup(self.workdir, task)
-            self.lease = ProxySessionLease(
-                factory.admin,
-                sampling=factory.sampling,
-                max_model_calls=factory.max_model_calls,
-                max_output_tokens=factory.max_output_tokens,
-                metadata={"episode_id": episode_id, "seed": seed},
-            )
+            self.lease = context.lease({"episode_id": episode_id, "seed": seed})
             env = {
                 **os.environ,
                 **factory.env,
-                "OPENAI_BASE_URL": f"{factory.proxy.base_url}/v1",
+                "OPENAI_BASE_URL": f"{context.proxy.base_url}/v1",
                 "OPENAI_API_KEY": self.lease.key,
-                "ANTHROPIC_BASE_URL": factory.proxy.base_url,
+                "ANTHROPIC_BASE_URL": context.proxy.base_url,
                 "ANTHROPIC_API_KEY": self.lease.key,
-                "HARNESS_MODEL": factory.model_name,
+                "HARNESS_MODEL": context.model_name,
                 "HARNESS_SEED": str(seed),
             }
-            prompt = str(task.get("prompt", ""))
+            prompt = instruction_of(task.get("prompt", ""))
             command = [part.replace("{prompt}", prompt) for part in factory.command]
             self._log = (self.workdir.parent / f"{self.workdir.name}.log").open("wb")
             self.process = subprocess.Popen(
@@ -120,10 +117,10 @@ class LocalAgentSession:
 
 
 class LocalAgentSessionFactory:
-    """Creates ``LocalAgentSession``s; the trainer passes ``sampling`` and ``proxy``.
+    """Creates ``LocalAgentSession``s; the trainer passes ``sampling`` and binds its proxy.
 
-    ``command`` is the agent's argv; ``{prompt}`` in any part is replaced by
-    the task's ``prompt``. ``env`` adds variables for the agent process.
+    ``command`` is the agent's argv; ``{prompt}`` in any part is replaced by the task's prompt
+    text. ``env`` adds variables for the agent process.
     """
 
     def __init__(
@@ -132,11 +129,7 @@ class LocalAgentSessionFactory:
         command: Sequence[str],
         verifier: Verifier,
         sampling: dict[str, Any],
-        proxy: ProxyEndpoint,
         setup: Setup | None = None,
-        model_name: str = "tiny",
-        max_model_calls: int | None = None,
-        max_output_tokens: int | None = None,
         env: Mapping[str, str] | None = None,
         workdir_root: str | None = None,
     ) -> None:
@@ -144,14 +137,19 @@ class LocalAgentSessionFactory:
         self.verifier = verifier
         self.setup = setup
         self.sampling = dict(sampling)
-        self.proxy = proxy
-        self.admin = ProxyAdminClient(proxy.base_url, proxy.admin_key)
-        self.model_name = model_name
-        self.max_model_calls = max_model_calls
-        self.max_output_tokens = max_output_tokens
         self.env = dict(env or {})
         self.workdir_root = workdir_root
+        self.context: RolloutContext | None = None
 
-    def create(self, task: Mapping[str, Any], *, seed: int, episode_id: str) -> LocalAgentSession:
-        """Start the agent on ``task`` (its proxy session is created first)."""
-        return LocalAgentSession(self, task, seed=seed, episode_id=episode_id)
+    def bind_rollout(self, context: RolloutContext) -> None:
+        self.context = context
+
+    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> LocalAgentSession:
+        """Start the agent on ``prompt`` (a task row holding only it)."""
+        return self.create_from_row({"prompt": prompt}, seed=seed or 0, episode_id=episode_id or uuid.uuid4().hex)
+
+    def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> LocalAgentSession:
+        """Start the agent on the task ``row`` (its proxy session is created first)."""
+        if self.context is None:
+            raise RuntimeError("LocalAgentSessionFactory is not bound to a proxy: the trainer calls bind_rollout")
+        return LocalAgentSession(self, row, self.context, seed=seed, episode_id=episode_id)

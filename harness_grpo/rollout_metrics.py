@@ -1,23 +1,33 @@
-"""Step metrics computed from rollout outcomes, under the names TRL users know (REFERENCE §3.5).
+"""Step metrics computed from rollout outcomes, under the names and meanings TRL users know (REFERENCE §3.5).
 
-``rewards/<func>/mean|std`` (func: the reward function's name, ``env_reward``
-when the verifier reward is used), ``reward``/``reward_std`` come from
-``harness_grpo.advantages.group_metrics``. Tool metrics follow the
-loop-owning definitions: ``tools/call_frequency`` = mean tool calls per
-scored-or-not rollout, ``tools/failure_frequency`` = total failures / total
-calls, ``tools/<name>/call_total``, ``tools/loop_exhausted_frac`` = fraction
-of rollouts that timed out. ``rollout/correctness_mean`` is the mean verifier
-reward over rollouts it could score (``rollout/unscorable_frac``, the
-fraction of rollouts without a reward, is ``group_metrics``').
+Per step, over the groups it consumed:
+
+- ``rewards/<name>/mean|std``: the reward the advantages used (``harness_reward``, TRL's harness
+  column), over scored rollouts; ``reward``, ``reward_std``, ``frac_reward_zero_std`` and the
+  unscorable counts come from ``harness_grpo.advantages.group_metrics``.
+- ``tools/call_frequency``: mean tool calls per rollout, and ``tools/failure_frequency``: mean of
+  the per-rollout failure ratios (failures / calls, over rollouts that called a tool), both over
+  only the groups in which at least one rollout called a tool (absent when none did).
+- ``tools/<name>_call_total``: calls per tool name.
+- ``tools/latency_s`` and ``tools/<name>_latency_s``: seconds per tool call, white-box mode only
+  (loop-owning traces carry no timestamps; see ``harness_grpo.white_box.ToolReport``).
+- ``rollout/correctness_mean``: mean verifier ``env_reward`` over the rollouts that have one,
+  logged only when a ``rollout_reward_fn`` shapes the reward (otherwise it is the reward itself).
+- ``rollout/timed_out_frac``: fraction of rollouts stopped at the rollout timeout;
+  ``rollout/errors``: rollouts that failed to run; ``rollout/turns_mean``: selected turns per rollout.
+
+``tools/loop_exhausted_frac`` belongs to the built-in tool loop and is not logged here.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from harness_grpo.session_protocol import HarnessRolloutOutcome
+from harness_grpo.outcomes import HarnessRolloutOutcome
+
+REWARD_NAME = "harness_reward"
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -32,26 +42,43 @@ def _std(values: Sequence[float]) -> float:
 
 
 def outcome_metrics(
-    outcomes: Sequence[HarnessRolloutOutcome], rewards: Sequence[float | None], reward_name: str
+    groups: Sequence[Sequence[HarnessRolloutOutcome]],
+    rewards: Sequence[float | None],
+    *,
+    shaped: bool,
 ) -> dict[str, float]:
-    """Metrics of one step's rollouts; ``rewards`` are what the advantages used (None: unscorable)."""
+    """Metrics of one step's rollouts (module docstring); ``rewards`` are what the advantages used
+    (None: unscorable), in the order of the flattened ``groups``; ``shaped``: a ``rollout_reward_fn``
+    was given."""
+    outcomes = [o for group in groups for o in group]
     scored = [r for r in rewards if r is not None]
-    env = [o.env_reward for o in outcomes if o.env_reward is not None and o.error is None]
-    calls = sum(o.tool_call_count for o in outcomes)
-    failures = sum(o.tool_failure_count for o in outcomes)
+    metrics = {
+        f"rewards/{REWARD_NAME}/mean": _mean(scored),
+        f"rewards/{REWARD_NAME}/std": _std(scored),
+        "rollout/errors": float(sum(o.error is not None for o in outcomes)),
+        "rollout/timed_out_frac": sum(o.timed_out for o in outcomes) / len(outcomes) if outcomes else 0.0,
+        "rollout/turns_mean": _mean([len(o.trace) for o in outcomes if o.error is None]),
+    }
+    if shaped:
+        metrics["rollout/correctness_mean"] = _mean(
+            [o.env_reward for o in outcomes if o.env_reward is not None and o.error is None]
+        )
+    calling = [o for group in groups if any(o.tool_call_count for o in group) for o in group]
+    if calling:
+        metrics["tools/call_frequency"] = _mean([float(o.tool_call_count) for o in calling])
+        metrics["tools/failure_frequency"] = _mean(
+            [o.tool_failure_count / o.tool_call_count for o in calling if o.tool_call_count]
+        )
     by_name: Counter[str] = Counter()
+    latency: defaultdict[str, list[float]] = defaultdict(list)
     for o in outcomes:
         by_name.update(o.tool_calls_by_name)
-    metrics = {
-        f"rewards/{reward_name}/mean": _mean(scored),
-        f"rewards/{reward_name}/std": _std(scored),
-        "rollout/correctness_mean": _mean(env),
-        "rollout/errors": float(sum(o.error is not None for o in outcomes)),
-        "rollout/turns_mean": _mean([len(o.trace.turns) for o in outcomes if o.trace is not None]),
-        "tools/call_frequency": calls / len(outcomes) if outcomes else 0.0,
-        "tools/failure_frequency": failures / calls if calls else 0.0,
-        "tools/loop_exhausted_frac": sum(o.timed_out for o in outcomes) / len(outcomes) if outcomes else 0.0,
-    }
+        for name, seconds in o.tool_latency_s:
+            latency[name].append(seconds)
     for name, count in sorted(by_name.items()):
-        metrics[f"tools/{name or 'unnamed'}/call_total"] = float(count)
+        metrics[f"tools/{name or 'unnamed'}_call_total"] = float(count)
+    if latency:
+        metrics["tools/latency_s"] = _mean([s for values in latency.values() for s in values])
+        for name, values in sorted(latency.items()):
+            metrics[f"tools/{name or 'unnamed'}_latency_s"] = _mean(values)
     return metrics

@@ -9,13 +9,16 @@ Each group is stamped with the policy version current when it started; the
 consumer (``get``) receives complete groups in completion order.
 
 One rollout (``run_rollout``, on a worker thread, blocking calls only):
-create → wait (``TimeoutError``: ``timed_out``, tokens and reward kept) →
-fetch trace → verify → close (always). A failure to create, wait, fetch or
-verify makes the rollout unscorable (``error`` set, reward None). A trace
-that breaks the capture contract (``CaptureContractError``) is fatal, as is
-any error of the producer itself: it stops and ``get`` raises ``ProducerError``
-from it. ``stop`` closes the sessions still running (their agents are killed),
-so no rollout outlives the producer by more than its session's ``close``.
+create (``create_session``: the row's ``prompt``, or the whole row for a
+trainer-bound factory) → wait (``TimeoutError``: ``timed_out``, tokens and
+reward kept) → fetch trace → verify(completion) → close (always). A failure
+to create, wait, fetch or verify makes the rollout unscorable (``error`` set,
+reward None). A trace that breaks the capture contract (``CaptureContractError``,
+a turn sampled under another policy included), a session missing a protocol
+method (``SessionContractError``) and any error of the producer itself are
+fatal: it stops and ``get`` raises ``ProducerError`` from it. ``stop`` closes
+the sessions still running (their agents are killed), so no rollout outlives
+the producer by more than its session's ``close``.
 """
 
 from __future__ import annotations
@@ -27,17 +30,15 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness_grpo.session_protocol import (
-    HarnessRolloutOutcome,
-    HarnessSession,
-    last_completion,
-    summarize_tools,
-)
-from proxy.trace import CaptureContractError
+from harness_grpo.outcomes import HarnessRolloutOutcome, final_messages, selected_turns, summarize_tools
+from harness_grpo.service_loop import cancel_and_wait
+from harness_grpo.session_protocol import TrainerBoundSessionFactory, check_session, fetch_trace
+from proxy.capture_graph import AGENT
+from proxy.trace import CaptureContractError, TrainingTrace, Violation
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class RolloutGroup:
 
     group_id: str
     row_index: int
-    task: dict[str, Any]
+    row: dict[str, Any]
     policy_version: int
     started_at: float
     outcomes: list[HarnessRolloutOutcome] = field(default_factory=list)
@@ -64,17 +65,17 @@ class LiveSessions:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sessions: set[HarnessSession] = set()
+        self._sessions: set[Any] = set()
         self._closed = False
 
-    def add(self, session: HarnessSession) -> bool:
+    def add(self, session: Any) -> bool:
         """Track ``session``; False once ``close_all`` ran (the caller must not run it)."""
         with self._lock:
             if not self._closed:
                 self._sessions.add(session)
             return not self._closed
 
-    def discard(self, session: HarnessSession) -> None:
+    def discard(self, session: Any) -> None:
         with self._lock:
             self._sessions.discard(session)
 
@@ -90,49 +91,103 @@ class LiveSessions:
                 log.warning("session close failed: %s", exc)
 
 
+def create_session(factory: Any, row: Mapping[str, Any], *, seed: int, episode_id: str) -> Any:
+    """A trainer-bound factory gets the whole row; any other factory the row's ``prompt`` (TRL's contract)."""
+    if isinstance(factory, TrainerBoundSessionFactory):
+        return factory.create_from_row(row, seed=seed, episode_id=episode_id)
+    return factory.create(row["prompt"], seed=seed, episode_id=episode_id)
+
+
+def check_sampling(trace: TrainingTrace, sampling: Mapping[str, Any]) -> None:
+    """Raise ``CaptureContractError`` unless every trainable turn was sampled with ``sampling``
+    (its ``metadata.sampling_params`` holds each of the policy's keys with the policy's value)."""
+    for i, turn in enumerate(trace.turns):
+        n_prompt = len(turn.prompt_token_ids)
+        if not any(turn.loss_mask[n_prompt:]):
+            continue
+        captured = turn.metadata.get("sampling_params") or {}
+        wrong = {key: captured.get(key) for key, value in sampling.items() if captured.get(key) != value}
+        if wrong:
+            raise CaptureContractError(
+                [
+                    Violation(
+                        "sampling_policy_changed",
+                        f"turns[{i}].metadata.sampling_params",
+                        f"sampled with {wrong}, the trainer's policy is {dict(sampling)}",
+                    )
+                ]
+            )
+
+
 def run_rollout(
-    factory: Any, task: dict[str, Any], *, seed: int, timeout_s: float, live: LiveSessions | None = None
+    factory: Any,
+    row: Mapping[str, Any],
+    *,
+    seed: int,
+    timeout_s: float,
+    live: LiveSessions | None = None,
+    roles: Container[str] = (AGENT,),
+    sampling: Mapping[str, Any] | None = None,
 ) -> HarnessRolloutOutcome:
-    """One session from create to close (see the module contract); tracked in ``live`` while it runs."""
+    """One session from create to close (see the module contract); tracked in ``live`` while it runs.
+
+    ``roles`` selects the turns the outcome's ``trace``, ``completion`` and tool counts describe;
+    ``sampling``, when given, is checked against every trainable turn (``check_sampling``).
+    """
     episode_id = uuid.uuid4().hex
     try:
-        session: HarnessSession = factory.create(task, seed=seed, episode_id=episode_id)
+        session = create_session(factory, row, seed=seed, episode_id=episode_id)
     except Exception as exc:
-        return HarnessRolloutOutcome(None, "", None, error=f"create failed: {type(exc).__name__}: {exc}")
+        return _failed(f"create failed: {type(exc).__name__}: {exc}")
     try:
-        if not isinstance(session, HarnessSession):
-            raise TypeError(f"{type(session).__name__} does not implement the HarnessSession protocol")
+        check_session(session)
         if live is not None and not live.add(session):
-            return HarnessRolloutOutcome(None, "", None, error="the producer stopped")
+            return _failed("the producer stopped")
         timed_out, exit_code = False, None
         try:
             exit_code = session.wait_for_completion(timeout_s)
         except TimeoutError:
             timed_out = True
         except Exception as exc:
-            return HarnessRolloutOutcome(None, "", None, error=f"wait failed: {type(exc).__name__}: {exc}")
+            return _failed(f"wait failed: {type(exc).__name__}: {exc}")
         try:
-            trace = session.fetch_training_trace()
+            trace = fetch_trace(session)
         except CaptureContractError:
             raise
         except Exception as exc:
-            return HarnessRolloutOutcome(None, "", None, timed_out=timed_out, error=f"fetch failed: {exc}")
-        completion = last_completion(trace)
+            return _failed(f"fetch failed: {type(exc).__name__}: {exc}", timed_out=timed_out)
+        if sampling is not None:
+            check_sampling(trace, sampling)
+        turns = selected_turns(trace, roles)
+        completion = final_messages(turns)
+        entries = trace.to_trace_entries(turns)
         try:
             verdict = session.verify(completion)
         except Exception as exc:
-            return HarnessRolloutOutcome(None, completion, trace, timed_out=timed_out, error=f"verify failed: {exc}")
-        calls, failures, by_name = summarize_tools(trace)
+            return _failed(
+                f"verify failed: {type(exc).__name__}: {exc}",
+                completion=completion,
+                trace=entries,
+                training_trace=trace,
+                timed_out=timed_out,
+            )
+        calls, failures, by_name = summarize_tools(turns)
+        report = getattr(session, "tool_report", None)
+        if report is not None and report.failures is not None:  # a white-box loop knows which calls failed
+            failures = report.failures
+        env_reward = verdict.env_reward
         return HarnessRolloutOutcome(
-            env_reward=verdict.env_reward,
+            env_reward=None if env_reward is None else float(env_reward),
             completion=completion,
-            trace=trace,
+            trace=entries,
             tool_call_count=calls,
             tool_failure_count=failures,
             tool_calls_by_name=by_name,
             timed_out=timed_out,
+            training_trace=trace,
             exit_code=exit_code,
-            metrics=dict(verdict.metrics),
+            metrics=dict(getattr(verdict, "metrics", None) or {}),
+            tool_latency_s=list(report.latency_s) if report is not None else [],
         )
     finally:
         if live is not None:
@@ -143,11 +198,9 @@ def run_rollout(
             log.warning("session close failed: %s", exc)
 
 
-async def cancel_and_wait(tasks: list[asyncio.Task]) -> None:
-    """Cancel ``tasks`` and return once each has ended (their exceptions are consumed)."""
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def _failed(error: str, **known: Any) -> HarnessRolloutOutcome:
+    """An unscorable outcome (reward None) carrying whatever was known when it failed."""
+    return HarnessRolloutOutcome(None, known.pop("completion", []), known.pop("trace", []), error=error, **known)
 
 
 class RolloutProducer:
@@ -165,6 +218,8 @@ class RolloutProducer:
         policy_version: Callable[[], int],
         start_position: int = 0,
         seed: int = 0,
+        roles: Container[str] = (AGENT,),
+        sampling: Mapping[str, Any] | None = None,
     ) -> None:
         if len(dataset) == 0:
             raise ValueError("the training dataset is empty")
@@ -177,6 +232,8 @@ class RolloutProducer:
         self.policy_version = policy_version
         self.position = start_position
         self.seed = seed
+        self.roles = roles
+        self.sampling = sampling
         self._done: queue.Queue[RolloutGroup] = queue.Queue()
         self._pending_groups = 0  # running or finished and not yet consumed
         self._pending_lock = threading.Lock()
@@ -260,11 +317,11 @@ class RolloutProducer:
                 break
             row_index = self.position
             self.position += 1
-            task = dict(self.dataset[row_index % len(self.dataset)])
+            row = dict(self.dataset[row_index % len(self.dataset)])
             group = RolloutGroup(
                 group_id=f"g{row_index}",
                 row_index=row_index,
-                task=task,
+                row=row,
                 policy_version=self.policy_version(),
                 started_at=time.monotonic(),
             )
@@ -282,7 +339,13 @@ class RolloutProducer:
                 return await loop.run_in_executor(
                     self._executor,
                     lambda: run_rollout(
-                        self.factory, group.task, seed=seed, timeout_s=self.rollout_timeout_s, live=self._live
+                        self.factory,
+                        group.row,
+                        seed=seed,
+                        timeout_s=self.rollout_timeout_s,
+                        live=self._live,
+                        roles=self.roles,
+                        sampling=self.sampling,
                     ),
                 )
 

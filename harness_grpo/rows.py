@@ -11,19 +11,21 @@
                    normalizer = loss_normalizer(all rows of the optimizer step)
                               = sum_rows weight * n_trainable
 
-Weighting (the `weighting` argument):
-  * "rollout" (default): weight = 1 / T_rollout, T_rollout = trainable tokens over the rollout's
+Weighting (the `weighting` argument, the config's `loss_weighting`):
+  * "token" (default, as TRL's async GRPO): weight = 1, normalizer = trainable tokens in the step: a
+    global token mean (TRL, DAPO). Long rollouts dominate the gradient. Forks do not inflate it
+    here, because the capture graph supervises a shared node once, so a forked rollout's tokens are
+    not counted twice.
+  * "rollout": weight = 1 / T_rollout, T_rollout = trainable tokens over the rollout's
     kept rows. Each rollout contributes the token mean of its own tokens and the normalizer is the
     number of rollouts: L = mean over rollouts of per-rollout token means. A rollout counts once
     however the capture split it (forks, compaction roots, K rows) and however long it is (Agent
     Lightning's `per_rollout_mean`). A per-ROW mean (original GRPO) would count a K-row rollout K
     times — that is the failure mode of REFERENCE §6.13.
-  * "token": weight = 1, normalizer = trainable tokens in the step: a global token mean (TRL,
-    DAPO). Long rollouts dominate the gradient. Forks do not inflate it here, because the capture
-    graph supervises a shared node once, so a forked rollout's tokens are not counted twice.
   The per-rollout mean has the length bias Dr. GRPO describes (a long failing rollout's tokens are
   each pushed down less); the token mean has none but lets one 40-turn rollout outweigh a dozen
-  short ones. Agent rollouts vary in length by orders of magnitude, hence the default.
+  short ones. The default leaves GRPO's weighting as the async GRPO trainer has it; agent rollouts
+  vary in length by orders of magnitude, which is when "rollout" is worth trying.
 
 Dropped rows, counted in `RowStats` (never silently cut): rows whose role is not in `include_roles`
 (auxiliary and discarded paths by default), rows with no trainable token, and rows longer than
@@ -35,12 +37,11 @@ rows kept. Rows of an unscorable rollout are never made: the caller skips it (ad
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from proxy.capture_graph import AGENT, TrainingSequence
-from proxy.trace import TrainingTrace, TrainingTurn
 
 __all__ = ["Row", "RowStats", "Weighting", "loss_normalizer", "rollout_rows"]
 
@@ -111,28 +112,6 @@ class RowStats:
         }
 
 
-def _untrain_turns(
-    seq: TrainingSequence,
-    mask: list[int],
-    logps: list[float],
-    turns: dict[str, TrainingTurn],
-    keep: Callable[[TrainingTurn], bool],
-) -> None:
-    """Zero the mask over the completions of the turns `keep` rejects (in place)."""
-    for node_id in seq.node_ids:
-        turn = turns.get(node_id)
-        if turn is None:
-            raise ValueError(f"node {node_id} of a training sequence is not in the trace")
-        if keep(turn):
-            continue
-        start = len(turn.prompt_token_ids)
-        end = start + len(turn.completion_token_ids)
-        if seq.token_ids[start:end] != turn.completion_token_ids:
-            raise ValueError(f"node {node_id}: the sequence's ids disagree with the trace's completion")
-        mask[start:end] = [0] * (end - start)
-        logps[start:end] = [0.0] * (end - start)
-
-
 def rollout_rows(
     sequences: Sequence[TrainingSequence],
     advantage: float,
@@ -141,23 +120,17 @@ def rollout_rows(
     rollout_id: str,
     group_id: str,
     include_roles: Container[str] = (AGENT,),
-    train_turn: Callable[[TrainingTurn], bool] | None = None,
-    trace: TrainingTrace | None = None,
     max_length: int | None = None,
-    weighting: Weighting = "rollout",
+    weighting: Weighting = "token",
     stats: RowStats | None = None,
 ) -> list[Row]:
     """Rows for one scored rollout, one per kept sequence, in the sequences' order.
 
-    Every row gets `advantage`; weights follow `weighting` (module docstring). `train_turn`, when
-    given, is asked about every turn of `trace` that a sequence contains; a rejected turn's
-    completion becomes context (mask 0) — the hook of REFERENCE §3.1 (`train_turn_fn`). Rows
-    without a trainable token, of an excluded role, or longer than `max_length` are dropped and
-    counted in `stats`. Raises ValueError on malformed sequences.
+    Every row gets `advantage`; weights follow `weighting` (module docstring). Which tokens train
+    is the sequences' masks' business (see `harness_grpo.turn_masks`). Rows without a trainable
+    token, of an excluded role, or longer than `max_length` are dropped and counted in `stats`.
+    Raises ValueError on malformed sequences.
     """
-    if train_turn is not None and trace is None:
-        raise ValueError("train_turn needs the rollout's trace to locate each turn's completion")
-    turns = {turn.node_id: turn for turn in trace.turns} if trace is not None else {}
     stats = stats if stats is not None else RowStats()
     stats.rollouts += 1
     kept: list[tuple[TrainingSequence, list[int], list[float]]] = []
@@ -166,8 +139,6 @@ def rollout_rows(
             stats.excluded_role += 1
             continue
         mask, logps = list(seq.loss_mask), list(seq.logprobs)
-        if train_turn is not None:
-            _untrain_turns(seq, mask, logps, turns, train_turn)
         if max_length is not None and len(seq.token_ids) > max_length:
             stats.dropped_too_long += 1
             continue

@@ -1,71 +1,41 @@
-"""The session protocol between the trainer and whatever runs an agent, and its outcome.
+"""The session protocol between the trainer and whatever runs an agent (TRL's and OpenEnv's contract).
 
-A session factory is built by the trainer from a user callable with the
-trainer's sampling policy and proxy, so sampling settings can't diverge:
-``harness_session_factory(sampling=..., proxy=ProxyEndpoint(...))`` returns an
-object with ``create(task: dict, *, seed: int, episode_id: str) -> HarnessSession``.
-A session runs one agent on one task; the trainer always calls ``close()``.
+The trainer builds the factory once, with the sampling policy every session must pin, then asks it
+for one session per rollout::
 
-Semantics the trainer applies (REFERENCE §3.3): ``TimeoutError`` from
-``wait_for_completion`` marks the rollout ``timed_out`` and keeps its tokens
-and verifier reward; any other failure to create, wait, fetch or verify makes
-it unscorable (reward None); a trace that breaks the capture contract raises
-``CaptureContractError`` and aborts training.
+    factory = harness_session_factory(sampling={"temperature": T, "top_p": 1.0, "top_k": -1,
+                                                "min_p": 0.0, "repetition_penalty": 1.0})
+    session = factory.create(row["prompt"], seed=group_seed, episode_id=uuid)
+    session.wait_for_completion(timeout_s)     # the agent runs its own loop
+    trace = session.fetch_training_trace()     # what the capture proxy recorded
+    verdict = session.verify(completion)       # the task's own verifier
+    session.close()                            # always, in ``finally``
+
+That is all a third-party factory sees (OpenEnv's ``HarborSessionFactory`` plugs in unchanged;
+sessions that offer only the legacy ``fetch_proxy_trace() -> list[TraceEntry]`` are read through
+``TrainingTrace.from_entries``). Our own factories need more (the trainer's proxy, call and token
+budgets, the whole dataset row): they implement ``TrainerBoundSessionFactory``, and the trainer then
+calls ``bind_rollout(context)`` once its services run and ``create_from_row(row, ...)`` per rollout.
+
+Semantics the trainer applies (REFERENCE §3.3): ``TimeoutError`` from ``wait_for_completion``
+marks the rollout ``timed_out`` and keeps its tokens and verifier reward; any other failure to
+create, wait, fetch or verify makes it unscorable (reward None); a trace that breaks the capture
+contract, or a session missing a protocol method, aborts training.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.trace import TrainingTrace
 
+if TYPE_CHECKING:
+    from harness_grpo.rollout_context import RolloutContext
 
-@dataclass(frozen=True)
-class ProxyEndpoint:
-    """Where agents reach the capture proxy and how the trainer controls it."""
-
-    base_url: str  # http://host:port (agents append /v1 or the dialect's path)
-    admin_key: str
-
-
-class ProxySessionLease:
-    """One rollout's train session on the proxy: created with the trainer's sampling policy and budget.
-
-    ``key`` is what the model client sends as its API key; ``trace()`` is everything captured under
-    it; ``release()`` deletes the session and never raises (closing must not mask the rollout's outcome).
-    """
-
-    def __init__(
-        self,
-        admin: ProxyAdminClient,
-        *,
-        sampling: dict[str, Any],
-        max_model_calls: int | None,
-        max_output_tokens: int | None,
-        metadata: dict[str, Any],
-    ) -> None:
-        self._admin = admin
-        self.key: str | None = admin.create_session(
-            purpose="train",
-            sampling=sampling,
-            max_model_calls=max_model_calls,
-            max_output_tokens=max_output_tokens,
-            metadata=metadata,
-        )
-
-    def trace(self) -> TrainingTrace:
-        assert self.key is not None, "the session was released"
-        return self._admin.trace(self.key)
-
-    def release(self) -> None:
-        if self.key is not None:
-            with contextlib.suppress(ProxyClientError):
-                self._admin.delete(self.key)
-            self.key = None
+SESSION_METHODS = ("wait_for_completion", "verify", "close")
+TRACE_METHODS = ("fetch_training_trace", "fetch_proxy_trace")
 
 
 @dataclass
@@ -90,7 +60,7 @@ class HarnessSession(Protocol):
         """Everything the proxy captured for this session."""
         ...
 
-    def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
+    def verify(self, transcript: Any = None, final_state: Any = None) -> VerifyResult:
         """Score the task's end state with its own verifier (never the agent's word)."""
         ...
 
@@ -99,61 +69,65 @@ class HarnessSession(Protocol):
         ...
 
 
-@dataclass
-class HarnessRolloutOutcome:
-    """Everything known about one finished rollout; what ``rollout_reward_fn`` receives."""
+@runtime_checkable
+class HarnessSessionFactory(Protocol):
+    """What ``harness_session_factory(sampling=...)`` returns."""
 
-    env_reward: float | None
-    completion: str
-    trace: TrainingTrace | None
-    tool_call_count: int = 0
-    tool_failure_count: int = 0
-    tool_calls_by_name: dict[str, int] = field(default_factory=dict)
-    timed_out: bool = False
-    error: str | None = None  # why the rollout is unscorable, if it is
-    exit_code: int | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> HarnessSession:
+        """A session running one agent on the task ``prompt`` (the dataset row's ``prompt``) names."""
+        ...
 
 
-FAILURE_WORDS = ("error", "failed", "traceback", "exception")
+@runtime_checkable
+class TrainerBoundSessionFactory(HarnessSessionFactory, Protocol):
+    """A factory that runs its sessions against the trainer's own proxy (our factories).
 
-
-def summarize_tools(trace: TrainingTrace) -> tuple[int, int, dict[str, int]]:
-    """``(calls, failures, calls by name)`` from a loop-owning trace.
-
-    Calls are the tool calls the model made (``message.tool_calls`` of every
-    turn). Failures follow TRL's loop-owning rule: tool messages in the *last*
-    request that mention error/failed/traceback/exception, deduplicated by
-    ``(name, content[:200])``, names resolved through ``tool_call_id``.
+    ``bind_rollout`` is called once, before any session, with the proxy endpoint and the budgets;
+    ``create_from_row`` receives the whole dataset row instead of only its prompt.
     """
-    by_name: Counter[str] = Counter()
-    for turn in trace.turns:
-        for choice in turn.response.get("choices", []):
-            for call in (choice.get("message") or {}).get("tool_calls") or []:
-                by_name[(call.get("function") or {}).get("name", "")] += 1
-    failures: set[tuple[str, str]] = set()
-    if trace.turns:
-        last = max(trace.turns, key=lambda t: t.metadata.get("index", 0))
-        messages = last.request.get("messages") or []
-        names = {
-            call.get("id"): (call.get("function") or {}).get("name", "")
-            for m in messages
-            if m.get("role") == "assistant"
-            for call in m.get("tool_calls") or []
-        }
-        for m in messages:
-            content = m.get("content")
-            if m.get("role") == "tool" and isinstance(content, str):
-                lowered = content.lower()
-                if any(word in lowered for word in FAILURE_WORDS):
-                    failures.add((names.get(m.get("tool_call_id"), ""), content[:200]))
-    return sum(by_name.values()), len(failures), dict(by_name)
+
+    def bind_rollout(self, context: RolloutContext) -> None: ...
+
+    def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> HarnessSession: ...
 
 
-def last_completion(trace: TrainingTrace) -> str:
-    """The text of the last assistant reply in arrival order ('' if none)."""
-    if not trace.turns:
-        return ""
-    last = max(trace.turns, key=lambda t: t.metadata.get("index", 0))
-    choices = last.response.get("choices") or [{}]
-    return (choices[0].get("message") or {}).get("content") or ""
+class SessionContractError(TypeError):
+    """A factory or session lacks a method of the protocol; names what is missing."""
+
+
+def check_factory(factory: Any, built_by: Any) -> None:
+    """Raise ``SessionContractError`` unless ``factory`` (what ``built_by(sampling=...)`` returned) has ``create``."""
+    if not callable(getattr(factory, "create", None)):
+        name = getattr(built_by, "__name__", type(built_by).__name__)
+        raise SessionContractError(
+            f"harness_session_factory {name}(sampling=...) returned {type(factory).__name__}, "
+            "which has no create(prompt, seed=..., episode_id=...) method"
+        )
+
+
+def check_session(session: Any) -> None:
+    """Raise ``SessionContractError`` naming every protocol method ``session`` lacks."""
+    missing = [name for name in SESSION_METHODS if not callable(getattr(session, name, None))]
+    if not any(callable(getattr(session, name, None)) for name in TRACE_METHODS):
+        missing.append("fetch_training_trace")
+    if missing:
+        raise SessionContractError(
+            f"session {type(session).__name__} does not implement the harness session protocol: "
+            f"missing {', '.join(missing)}"
+        )
+
+
+def fetch_trace(session: Any) -> TrainingTrace:
+    """The session's ``TrainingTrace``; a legacy ``fetch_proxy_trace`` list of entries is converted exactly."""
+    fetch = getattr(session, "fetch_training_trace", None)
+    trace = fetch() if callable(fetch) else TrainingTrace.from_entries(session.fetch_proxy_trace())
+    if not isinstance(trace, TrainingTrace):  # e.g. OpenEnv's own model class: same JSON schema
+        trace = TrainingTrace.from_json(trace.model_dump_json())
+    return trace
+
+
+def instruction_of(prompt: Any) -> str:
+    """The task text of a dataset ``prompt``: a string, or the last message's content of a message list."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], Mapping):
+        return str(prompt[-1].get("content") or "")
+    return "" if prompt is None else str(prompt)

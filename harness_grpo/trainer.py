@@ -1,33 +1,29 @@
 """``HarnessAsyncGRPOTrainer``: async GRPO on exactly the tokens black-box agents sampled.
 
-Processes and threads: the trainer (main thread) optimises; a service thread
-runs one asyncio loop with the capture proxy, the embedded engine's HTTP
-server (when no vLLM URL is given; its compute runs on its own thread) and the
-``RolloutProducer``, whose agent sessions block on worker threads. Sessions
-reach the model only through the proxy, which records every call.
+Processes and threads: the trainer (main thread) optimises; a service thread runs one asyncio loop
+with the services (``harness_grpo.services``: the engine unless an engine URL is given, the capture
+proxy when the session factory uses the trainer's) and the ``RolloutProducer``, whose sessions
+block on worker threads. Sessions reach the model only through a capture proxy.
 
-A step: take ``groups_per_step`` complete groups (dropping groups more than
-``max_staleness`` policy versions old, counted); score each rollout with
-``rollout_reward_fn(outcome)`` (default: the verifier's ``env_reward``; a
-rollout that failed to run is None, i.e. unscorable); group advantages with
-None excluded; rows from each scored rollout's trace (``sequences_from_trace``
-→ ``rollout_rows``); pack; clipped surrogate + token IS; one optimizer step;
-every ``weight_sync_steps`` push the weights to the engine and bump the
-policy version. Metrics go to ``report_to`` through transformers' reporting
-callbacks and to a rich progress line; checkpoints hold model, optimizer,
-scheduler, RNG, dataset position and policy version.
+The session factory is built once, at construction, as TRL builds it:
+``harness_session_factory(sampling=policy)`` (``harness_grpo.session_protocol``); the trainer then
+calls ``factory.create(row["prompt"], seed=..., episode_id=...)`` per rollout, or, for its own
+trainer-bound factories, ``bind_rollout(context)`` once and ``create_from_row(row, ...)``.
+
+A step: take ``groups_per_step`` complete groups (dropping groups more than ``max_staleness``
+policy versions old, counted); score each rollout with ``rollout_reward_fn(outcome)`` (default: the
+verifier's ``env_reward``; a rollout that failed to run is None, i.e. unscorable); group advantages
+with None excluded; rows from each scored rollout's trace along the capture graph the proxy built
+(``sequences_from_trace`` → ``rollout_rows``); pack; clipped surrogate + token IS; one optimizer
+step; every ``weight_sync_steps`` push the weights to the engine and bump the policy version.
+Metrics go to ``report_to`` through transformers' reporting callbacks and to a rich progress line;
+checkpoints (``harness_grpo.checkpoints``) hold model, optimizer, scheduler, RNG, dataset position
+and policy version.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import math
-import os
-import re
-import shutil
-import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -40,11 +36,12 @@ from accelerate import Accelerator
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, get_scheduler, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainerCallback, get_scheduler, set_seed
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
 
 from harness_grpo.advantages import group_advantages, group_metrics
+from harness_grpo.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from harness_grpo.config import HarnessGRPOConfig
 from harness_grpo.distributed import (
     broadcast_from_main,
@@ -54,71 +51,24 @@ from harness_grpo.distributed import (
     max_over_ranks,
     shard_rows,
 )
-from harness_grpo.engine.embedded import TINY, TINY_WARM, EmbeddedEngine, resolve_model
-from harness_grpo.engine.server import EngineServer
+from harness_grpo.engine.embedded import resolve_model
 from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
+from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
+from harness_grpo.rollout_context import RolloutContext
 from harness_grpo.rollout_metrics import outcome_metrics
-from harness_grpo.rollouts import RolloutGroup, RolloutProducer, cancel_and_wait
+from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
-from harness_grpo.session_protocol import HarnessRolloutOutcome, ProxyEndpoint
-from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync, WeightSync
+from harness_grpo.services import TrainerServices
+from harness_grpo.session_protocol import TrainerBoundSessionFactory, check_factory
+from harness_grpo.weight_sync import WeightSync
 from harness_grpo.white_box import HarnessAdapter, WhiteBoxSessionFactory
 from proxy.capture_graph import sequences_from_trace
-from proxy.server import CaptureProxy, ProxyConfig
-from proxy.trace import TrainingTurn
 
-log = logging.getLogger(__name__)
 console = Console(soft_wrap=True)  # log lines stay whole in files and CI logs
 
 RewardFn = Callable[[HarnessRolloutOutcome], float | None]
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-TRAINER_STATE = "harness_trainer_state.json"
-ACCELERATE_STATE = "accelerate_state"
-
-
-class ServiceLoop:
-    """An asyncio loop on a daemon thread; ``run(coro)`` waits for a coroutine's result from any thread."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="harness-services", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Any, timeout_s: float = 600.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Cancel the tasks still on the loop (waiting up to ``timeout_s``), then stop and close it."""
-        try:
-            self.run(_cancel_leftover_tasks(), timeout_s)
-        except TimeoutError:
-            log.warning("service tasks did not end within %s s of the shutdown", timeout_s)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout_s)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
-async def _cancel_leftover_tasks() -> None:
-    await cancel_and_wait([task for task in asyncio.all_tasks() if task is not asyncio.current_task()])
-
-
-def _default_reward(outcome: HarnessRolloutOutcome) -> float | None:
-    return outcome.env_reward
-
-
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The highest-numbered complete ``checkpoint-N`` under ``output_dir``."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    found = [
-        (int(m.group(1)), p)
-        for p in root.iterdir()
-        if (m := CHECKPOINT_RE.match(p.name)) and (p / TRAINER_STATE).exists()
-    ]
-    return max(found)[1] if found else None
+__all__ = ["HarnessAsyncGRPOTrainer", "RewardFn", "latest_checkpoint"]
 
 
 def _progress_bar(disable: bool) -> Progress:
@@ -139,16 +89,19 @@ class HarnessAsyncGRPOTrainer:
     """Async GRPO for loop-owning agents (see the module docstring).
 
     ``model``: a hub id or path (``"tiny"``/``"tiny-warm"``: the embedded default), or a loaded model.
-    ``harness_session_factory``: a callable the trainer calls as
-    ``harness_session_factory(sampling=..., proxy=ProxyEndpoint, max_model_calls=..., max_output_tokens=...)``
-    to get an object with ``create(task, *, seed, episode_id) -> HarnessSession`` — e.g.
-    ``functools.partial(LocalAgentSessionFactory, command=[...], verifier=...)``.
-    ``train_dataset``: a sequence of task dicts (a ``datasets.Dataset`` works); rows are cycled.
-    ``rollout_reward_fn``: ``outcome -> float | None``; default: the verifier's ``env_reward``.
+    ``harness_session_factory``: called once as ``harness_session_factory(sampling=policy)``; what it
+    returns has ``create(prompt, seed=..., episode_id=...)`` (``harness_grpo.session_protocol``), e.g.
+    OpenEnv's ``HarborSessionFactory`` or ``functools.partial(LocalAgentSessionFactory, command=[...],
+    verifier=...)``.
+    ``args``: ``HarnessGRPOConfig``. ``train_dataset``: rows with a ``prompt`` (a string or a message
+    list); other columns reach trainer-bound factories. Rows are walked in order, ``num_train_epochs``
+    times when ``max_steps`` is not set.
+    ``rollout_reward_fn``: ``HarnessRolloutOutcome -> float | None``; default: the verifier's ``env_reward``.
     ``harness_adapter``: None for loop-owning agents; else the white-box tool loop that runs each
     rollout through the proxy (``harness_grpo.white_box``), the factory's sessions being its environment.
-    ``train_turn_fn``: ``TrainingTurn -> bool`` (its ``request`` holds the messages and tools, its
-    ``response`` the content and tool calls); a turn it rejects is context, not trained. Default: all.
+    ``processing_class``: the tokenizer (default: the model's). ``callbacks``: ``TrainerCallback``s.
+    ``weight_sync``: the weight transport (``harness_grpo.weight_sync``); default: in-process to the
+    embedded engine, or chosen from the engine at ``vllm_server_base_url``.
 
     Several processes (``accelerate launch`` with FSDP2 or DDP, or ``torchrun``): rank 0 runs the
     services and rollouts and broadcasts each step's rows; every rank trains on its share and takes
@@ -159,17 +112,41 @@ class HarnessAsyncGRPOTrainer:
         self,
         model: str | PreTrainedModel,
         harness_session_factory: Callable[..., Any],
-        args: HarnessGRPOConfig,
-        train_dataset: Sequence[dict[str, Any]],
+        args: HarnessGRPOConfig | None = None,
+        train_dataset: Sequence[dict[str, Any]] | None = None,
         rollout_reward_fn: RewardFn | None = None,
-        processing_class: Any = None,
-        train_turn_fn: Callable[[TrainingTurn], bool] | None = None,
         harness_adapter: HarnessAdapter | None = None,
+        *,
+        processing_class: Any = None,
+        callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
+        weight_sync: WeightSync | None = None,
     ) -> None:
-        if args.max_steps <= 0:
-            raise ValueError("set args.max_steps > 0: rollouts stream, so training is sized in steps, not epochs")
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model, "name_or_path", "model")
+            args = HarnessGRPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-HarnessGRPO")
+        if train_dataset is None or len(train_dataset) == 0:
+            raise ValueError("train_dataset is empty: it needs one row per task, each with a 'prompt'")
         self.args = args
         set_seed(args.seed)
+        if harness_adapter is not None and not isinstance(harness_adapter, HarnessAdapter):
+            raise TypeError(f"harness_adapter {type(harness_adapter).__name__} has no run_white_box method")
+        self.sampling = args.sampling_policy()
+        factory = harness_session_factory(sampling=dict(self.sampling))
+        check_factory(factory, harness_session_factory)
+        if harness_adapter is not None:
+            factory = WhiteBoxSessionFactory(factory, harness_adapter, max_turns=args.max_tool_calling_iterations or 8)
+        self.session_factory = factory
+        self.harness_adapter = harness_adapter
+        self.uses_own_proxy = isinstance(factory, TrainerBoundSessionFactory)
+        if not self.uses_own_proxy and "prompt" not in train_dataset[0]:
+            raise ValueError("train_dataset rows need a 'prompt' column: the session factory creates from it")
+        self.train_dataset = train_dataset
+        self.reward_fn = rollout_reward_fn
+        self.max_steps = (
+            args.max_steps
+            if args.max_steps > 0
+            else math.ceil(args.num_train_epochs * len(train_dataset) / args.groups_per_step)
+        )
         if isinstance(model, str):
             self.model_path, _ = resolve_model(model)
             self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
@@ -178,16 +155,6 @@ class HarnessAsyncGRPOTrainer:
             self.model_path = getattr(model, "name_or_path", None)
         self.tokenizer = processing_class or AutoTokenizer.from_pretrained(self.model_path)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.train_dataset = train_dataset
-        self.harness_session_factory = harness_session_factory
-        self.reward_fn = rollout_reward_fn or _default_reward
-        self.train_turn_fn = train_turn_fn
-        if harness_adapter is not None and not isinstance(harness_adapter, HarnessAdapter):
-            raise TypeError(f"harness_adapter {type(harness_adapter).__name__} has no run_white_box method")
-        self.harness_adapter = harness_adapter
-        self.reward_name = (
-            "env_reward" if rollout_reward_fn is None else getattr(rollout_reward_fn, "__name__", "reward")
-        )
         # Under `accelerate launch` / torchrun this joins the process group and applies the launch's
         # FSDP2 / DDP settings; in one process it only picks the device.
         self.accelerator = Accelerator(cpu=args.use_cpu or not torch.cuda.is_available())
@@ -205,8 +172,8 @@ class HarnessAsyncGRPOTrainer:
         self.lr_scheduler = get_scheduler(
             args.lr_scheduler_type,
             optimizer,
-            num_warmup_steps=args.get_warmup_steps(args.max_steps),
-            num_training_steps=args.max_steps,
+            num_warmup_steps=args.get_warmup_steps(self.max_steps),
+            num_training_steps=self.max_steps,
             scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
         )
         self.accelerator.register_for_checkpointing(self.lr_scheduler)
@@ -222,94 +189,53 @@ class HarnessAsyncGRPOTrainer:
             self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
             self.reference.requires_grad_(False).to(self.device)
         self.state = TrainerState(
-            max_steps=args.max_steps, logging_steps=args.logging_steps, save_steps=args.save_steps
+            max_steps=self.max_steps, logging_steps=args.logging_steps, save_steps=args.save_steps
         )
         self.state.is_world_process_zero = self.is_main
         self.state.is_local_process_zero = self.accelerator.is_local_main_process
         self.control = TrainerControl()
         self.callback_handler = CallbackHandler(
-            [DefaultFlowCallback, *get_reporting_integration_callbacks(args.report_to)],
+            [DefaultFlowCallback, *get_reporting_integration_callbacks(args.report_to), *(callbacks or [])],
             self.model,
             self.tokenizer,
             self.optimizer,
             self.lr_scheduler,
         )
+        self.injected_weight_sync = weight_sync
+        self.services: TrainerServices | None = None
         self.policy_version = 0
         self.dataset_position = 0
         self.dropped_stale = 0
 
-    # --- services (rank 0) ------------------------------------------------------------------------------------------
+    @property
+    def weight_sync(self) -> WeightSync | None:
+        return self.services.weight_sync if self.services is not None else None
 
     def _start_services(self) -> None:
-        """Rank 0: engine (embedded unless a vLLM URL is given), proxy, session factory. Every rank: a weight sync."""
+        """Engine, proxy and weight sync (``harness_grpo.services``); binds a trainer-bound factory to the proxy."""
         args = self.args
-        self.services: ServiceLoop | None = None
-        self.engine: EmbeddedEngine | None = None
-        self.engine_server: EngineServer | None = None
-        self.proxy: CaptureProxy | None = None
-        self.weight_sync: WeightSync | None = None
-        if args.vllm_server_base_url is not None:
-            self.weight_sync = VLLMNCCLWeightSync(
-                args.vllm_server_base_url, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
-            )
-        if not self.is_main:
-            if args.vllm_server_base_url is None:  # gathers in lock-step with rank 0, which pushes
-                self.weight_sync = EmbeddedWeightSync(
-                    None, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
-                )
-            return
-        self.services = ServiceLoop()
-        if args.vllm_server_base_url is None:
-            engine_model = args.engine_model or self.model_path
-            if engine_model in (TINY, TINY_WARM):
-                engine_model = resolve_model(engine_model)[0]
-            self.engine = EmbeddedEngine(engine_model, num_threads=args.engine_num_threads).start()
-            self.engine_server = EngineServer(self.engine)
-            engine_url = self.services.run(self.engine_server.start())
-            self.weight_sync = EmbeddedWeightSync(
-                self.engine, timeout_s=args.weight_sync_timeout_s, initial_version=self.policy_version
-            )
-        else:
-            engine_url = args.vllm_server_base_url
-        journal = Path(args.output_dir) / "proxy_journal"
-        shutil.rmtree(journal, ignore_errors=True)  # an earlier run's sessions: their rollouts were discarded
-        self.proxy = CaptureProxy(ProxyConfig(engine_url=engine_url, journal_dir=journal, port=0))
-        port = self.services.run(self.proxy.start())
-        self.proxy_endpoint = ProxyEndpoint(f"http://127.0.0.1:{port}", self.proxy.admin_key)
-        sampling = {"temperature": args.temperature}
-        self.session_factory = self.harness_session_factory(
-            sampling=sampling,
-            proxy=self.proxy_endpoint,
-            max_model_calls=args.max_model_calls,
-            max_output_tokens=args.max_completion_length,
+        self.services = TrainerServices.start(
+            args,
+            model_path=self.model_path,
+            is_main=self.is_main,
+            needs_proxy=self.uses_own_proxy,
+            policy_version=self.policy_version,
+            weight_sync=self.injected_weight_sync,
         )
-        if self.harness_adapter is not None:
-            self.session_factory = WhiteBoxSessionFactory(
-                self.session_factory,
-                self.harness_adapter,
-                proxy=self.proxy_endpoint,
-                sampling=sampling,
-                max_turns=args.max_tool_calling_iterations or 8,
-                max_output_tokens=args.max_completion_length,
+        if self.is_main and self.uses_own_proxy:
+            assert self.services.proxy_endpoint is not None
+            self.session_factory.bind_rollout(
+                RolloutContext(
+                    proxy=self.services.proxy_endpoint,
+                    sampling=dict(self.sampling),
+                    max_model_calls=args.max_model_calls,
+                    max_output_tokens=args.max_completion_length,
+                )
             )
 
     def _stop_services(self) -> None:
-        """Stop whatever ``_start_services`` started, also after a partial start."""
-        services = self.services
-        try:
-            if services is not None:
-                if self.proxy is not None:
-                    services.run(self.proxy.stop(), 30)
-                if self.engine_server is not None:
-                    services.run(self.engine_server.stop(), 30)
-        finally:
-            if self.engine is not None:
-                self.engine.stop()
-            if self.weight_sync is not None:
-                self.weight_sync.close()
-            if services is not None:
-                services.close()
-            self.services = None
+        if self.services is not None:
+            self.services.stop()
 
     def _producer(self) -> RolloutProducer:
         args = self.args
@@ -323,18 +249,27 @@ class HarnessAsyncGRPOTrainer:
             policy_version=lambda: self.policy_version,
             start_position=self.dataset_position,
             seed=args.seed,
+            roles=args.train_roles,
+            sampling=self.sampling,
         )
 
     # --- training -------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run until ``args.max_steps``; returns the last step's metrics (on rank 0; other ranks: {})."""
+        """Run ``max_steps`` steps; returns the last step's metrics (on rank 0; other ranks: {}).
+
+        ``resume_from_checkpoint``: a checkpoint path, or True for the last one in ``output_dir``
+        (default: ``args.resume_from_checkpoint``)."""
         args = self.args
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = args.resume_from_checkpoint
         checkpoint = (
             latest_checkpoint(args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint or None
         )
         if checkpoint:
-            self._load_checkpoint(Path(checkpoint))
+            load_checkpoint(self, Path(checkpoint))
+            if self.is_main:
+                console.print(f"resumed from {checkpoint} at step {self.state.global_step}")
         torch_threads = torch.get_num_threads()
         if self.device.type == "cpu" and args.vllm_server_base_url is None:
             torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores (restored at the end)
@@ -343,7 +278,7 @@ class HarnessAsyncGRPOTrainer:
         dropped_before = self.dropped_stale
         self._progress = _progress_bar(disable=args.disable_tqdm or not self.is_main)
         self._progress_task = self._progress.add_task(
-            "training", total=args.max_steps, completed=self.state.global_step, status=""
+            "training", total=self.max_steps, completed=self.state.global_step, status=""
         )
         try:
             self._start_services()
@@ -353,9 +288,9 @@ class HarnessAsyncGRPOTrainer:
                 self.policy_version = self.weight_sync.sync(self.model)
             self.callback_handler.on_train_begin(args, self.state, self.control)
             if producer is not None:
-                assert self.services is not None
-                producer.start(self.services.loop)
-            while self.state.global_step < args.max_steps:
+                assert self.services is not None and self.services.loop is not None
+                producer.start(self.services.loop.loop)
+            while self.state.global_step < self.max_steps:
                 started = time.monotonic()
                 shared = None
                 if producer is not None:
@@ -373,6 +308,7 @@ class HarnessAsyncGRPOTrainer:
                 rows, metrics, self.dataset_position, self.dropped_stale = broadcast_from_main(shared)
                 metrics.update(self._optimize(rows))
                 self.state.global_step += 1
+                self.state.epoch = self.dataset_position / len(self.train_dataset)
                 if self.state.global_step % args.weight_sync_steps == 0:
                     sync_started = time.monotonic()
                     self.policy_version = self.weight_sync.sync(self.model)
@@ -388,7 +324,7 @@ class HarnessAsyncGRPOTrainer:
                 if self.state.global_step % args.logging_steps == 0 or self.state.global_step == 1:
                     self._log(metrics)
                 if self._checkpoint_due():
-                    self._save_checkpoint()
+                    save_checkpoint(self)
             self.callback_handler.on_train_end(args, self.state, self.control)
         finally:
             self._progress.stop()
@@ -399,16 +335,15 @@ class HarnessAsyncGRPOTrainer:
         return last
 
     def _reward(self, outcome: HarnessRolloutOutcome) -> float | None:
-        if outcome.error is not None or outcome.trace is None:
+        if outcome.error is not None or outcome.training_trace is None:
             return None
-        reward = self.reward_fn(outcome)
+        reward = outcome.env_reward if self.reward_fn is None else self.reward_fn(outcome)
         return None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else float(reward)
 
     def _rows_and_metrics(self, groups: list[RolloutGroup]) -> tuple[list[Row], dict[str, float]]:
         """Rank 0: score the groups, advantages, the step's rows, and the rollout metrics."""
         args = self.args
         now = time.monotonic()
-        outcomes: list[HarnessRolloutOutcome] = []
         rewards: list[float | None] = []
         group_stats = []
         rows: list[Row] = []
@@ -417,7 +352,6 @@ class HarnessAsyncGRPOTrainer:
             group_rewards = [self._reward(o) for o in group.outcomes]
             advantages, stats = group_advantages(group_rewards, scale=args.scale_rewards)
             group_stats.append((group_rewards, stats))
-            outcomes += group.outcomes
             rewards += group_rewards
             for index, (outcome, reward, advantage) in enumerate(
                 zip(group.outcomes, group_rewards, advantages, strict=True)
@@ -425,19 +359,18 @@ class HarnessAsyncGRPOTrainer:
                 if reward is None:
                     continue
                 rows += rollout_rows(
-                    sequences_from_trace(outcome.trace),
+                    sequences_from_trace(outcome.training_trace),
                     advantage,
                     policy_version=group.policy_version,
                     rollout_id=f"{group.group_id}-{index}",
                     group_id=group.group_id,
                     include_roles=args.train_roles,
-                    train_turn=self.train_turn_fn,
-                    trace=outcome.trace if self.train_turn_fn is not None else None,
                     max_length=min(args.max_sequence_length, args.max_tokens_per_microbatch),
+                    weighting=args.loss_weighting,
                     stats=row_stats,
                 )
         metrics = {
-            **outcome_metrics(outcomes, rewards, self.reward_name),
+            **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.reward_fn is not None),
             **group_metrics(group_stats),
             **row_stats.metrics(),
             "staleness/mean": float(np.mean([self.policy_version - g.policy_version for g in groups])),
@@ -507,6 +440,8 @@ class HarnessAsyncGRPOTrainer:
 
     # --- logging and checkpoints -----------------------------------------------------------------------------------
 
+    # --- logging and checkpoints -----------------------------------------------------------------------------------
+
     def _log(self, metrics: dict[str, float]) -> None:
         logs = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
         logs["step"] = self.state.global_step
@@ -515,10 +450,11 @@ class HarnessAsyncGRPOTrainer:
         if not self.is_main:
             return
         reward = metrics.get("reward", float("nan"))
+        correct = metrics.get("rollout/correctness_mean")
         self._progress.console.print(
-            f"[bold]step {self.state.global_step}/{self.args.max_steps}[/] reward {reward:.3f} "
-            f"correct {metrics.get('rollout/correctness_mean', float('nan')):.3f} "
-            f"unscorable {metrics.get('rollout/unscorable_frac', 0.0):.2f} "
+            f"[bold]step {self.state.global_step}/{self.max_steps}[/] reward {reward:.3f} "
+            + (f"correct {correct:.3f} " if correct is not None else "")
+            + f"unscorable {metrics.get('rollout/unscorable_frac', 0.0):.2f} "
             f"tools/call {metrics.get('tools/call_frequency', 0.0):.2f} "
             f"loss {metrics.get('loss', float('nan')):.4f} v{self.policy_version} "
             f"{metrics.get('step_time_s', 0.0):.1f}s"
@@ -526,14 +462,13 @@ class HarnessAsyncGRPOTrainer:
 
     def _print_sample(self, groups: list[RolloutGroup]) -> None:
         """One rollout of this step: verifier reward, turns, its last reply (``log_completions``)."""
-        outcome = next((o for g in groups for o in g.outcomes if o.trace is not None), groups[0].outcomes[0])
-        turns = outcome.trace.turns if outcome.trace is not None else []
-        message = turns[-1].response.get("choices", [{}])[0].get("message", {}) if turns else {}
+        outcome = next((o for g in groups for o in g.outcomes if o.completion), groups[0].outcomes[0])
+        message = outcome.completion[-1] if outcome.completion else {}
         calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in message.get("tool_calls") or []]
         reply = repr((message.get("content") or "")[:600]) + (f" calls {calls}" if calls else "")
         self._progress.console.print(
             f"[dim]sample of step {self.state.global_step + 1}:[/] env_reward {outcome.env_reward}, "
-            f"{len(turns)} turns, {outcome.tool_call_count} tool calls"
+            f"{len(outcome.trace)} turns, {outcome.tool_call_count} tool calls"
             f"{', error ' + escape(outcome.error) if outcome.error else ''}; last reply {escape(reply)}"
         )
 
@@ -543,62 +478,7 @@ class HarnessAsyncGRPOTrainer:
         if args.save_strategy != "steps" or not args.save_steps:
             return False
         step = self.state.global_step
-        return step % int(args.save_steps) == 0 or step == args.max_steps
-
-    def _save_checkpoint(self) -> Path:
-        """``checkpoint-N``: the full model and tokenizer (loadable by ``from_pretrained``), accelerate's
-        state (optimizer, scheduler, RNG of every rank; sharded under FSDP2) and the trainer's state.
-
-        Written to a temporary directory and renamed, so a kill leaves the last complete checkpoint.
-        """
-        root = Path(self.args.output_dir)
-        final = root / f"checkpoint-{self.state.global_step}"
-        tmp = root / f".tmp-checkpoint-{self.state.global_step}"
-        if self.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.accelerator.wait_for_everyone()
-        state_dict = self.accelerator.get_state_dict(self.model)  # a collective under FSDP2
-        if self.is_main:
-            self.accelerator.unwrap_model(self.model).save_pretrained(tmp, state_dict=state_dict)
-            self.tokenizer.save_pretrained(tmp)
-        self.accelerator.save_state(str(tmp / ACCELERATE_STATE), safe_serialization=True)
-        self.accelerator.wait_for_everyone()
-        if self.is_main:
-            state = {
-                "global_step": self.state.global_step,
-                "dataset_position": self.dataset_position,
-                "policy_version": self.policy_version,
-                "dropped_stale": self.dropped_stale,
-                "num_input_tokens_seen": self.state.num_input_tokens_seen,
-                "log_history": self.state.log_history,
-            }
-            (tmp / TRAINER_STATE).write_text(json.dumps(state, default=float))
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            self._rotate_checkpoints(root)
-        self.accelerator.wait_for_everyone()
-        return final
-
-    def _rotate_checkpoints(self, root: Path) -> None:
-        limit = self.args.save_total_limit
-        if not limit:
-            return
-        found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_RE.match(p.name)))
-        for _, path in found[:-limit]:
-            shutil.rmtree(path, ignore_errors=True)
-
-    def _load_checkpoint(self, checkpoint: Path) -> None:
-        state = json.loads((checkpoint / TRAINER_STATE).read_text())
-        self.accelerator.load_state(str(checkpoint / ACCELERATE_STATE))
-        self.state.global_step = state["global_step"]
-        self.state.num_input_tokens_seen = state["num_input_tokens_seen"]
-        self.state.log_history = state["log_history"]
-        self.dataset_position = state["dataset_position"]
-        self.policy_version = state["policy_version"]
-        self.dropped_stale = state["dropped_stale"]
-        if self.is_main:
-            console.print(f"resumed from {checkpoint} at step {self.state.global_step}")
+        return step % int(args.save_steps) == 0 or step == self.max_steps
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """White-box rollouts: the trainer owns the tool loop, and talks to the model through the capture proxy.
 
 A ``harness_adapter`` turns any session factory into a white-box one. For each rollout the user's
-factory still creates the session (the task's environment and its verifier); instead of waiting for
+factory still creates the session (the task's environment and its verifier, from the row's
+``prompt``); instead of waiting for
 an agent, ``WhiteBoxSession.wait_for_completion`` runs ``adapter.run_white_box(model_step, session,
 limits)``, where ``model_step(messages, tools)`` is one chat completion through the proxy under this
 rollout's own session key (REFERENCE §3.1). The trace therefore comes from the same capture path as
@@ -19,12 +20,14 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from harness_grpo.session_protocol import HarnessSession, ProxyEndpoint, ProxySessionLease, VerifyResult
-from proxy.client import ProxyAdminClient
+from harness_grpo.rollout_context import RolloutContext
+from harness_grpo.rollouts import create_session
+from harness_grpo.session_protocol import TrainerBoundSessionFactory, VerifyResult
 from proxy.trace import TrainingTrace
 
 ModelStep = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], dict[str, Any]]
@@ -50,32 +53,52 @@ class ModelStepError(RuntimeError):
     """A model call through the proxy failed (the HTTP status and the proxy's message)."""
 
 
+@dataclass
+class ToolReport:
+    """What a white-box loop knows about its tool calls: how many failed, and seconds per call.
+
+    Failures: the calls the harness reported as failed (a ``tool_trace`` entry whose
+    ``result.error`` is set, when ``run_white_box`` returns such a trace; else TRL's keyword rule
+    on the last request applies). Latency: the time between a model reply and the next model
+    request, split evenly over that reply's tool calls (the last reply is unmeasured).
+    """
+
+    failures: int | None = None
+    latency_s: list[tuple[str, float]] = field(default_factory=list)
+
+
 class WhiteBoxSession:
     """One white-box rollout: the user's session plus a proxy session that records the model calls."""
 
-    def __init__(self, factory: WhiteBoxSessionFactory, inner: HarnessSession, *, seed: int, episode_id: str) -> None:
+    def __init__(
+        self, factory: WhiteBoxSessionFactory, inner: Any, context: RolloutContext, *, seed: int, episode_id: str
+    ) -> None:
         self.inner = inner
         self._factory = factory
-        self.lease = ProxySessionLease(
-            factory.admin,
-            sampling=factory.sampling,
-            max_model_calls=factory.limits.max_turns,
-            max_output_tokens=factory.max_output_tokens,
-            metadata={"episode_id": episode_id, "seed": seed, "mode": "white-box"},
+        self._context = context
+        self.lease = context.lease(
+            {"episode_id": episode_id, "seed": seed, "mode": "white-box"}, max_model_calls=factory.limits.max_turns
         )
         self._deadline: float | None = None
+        self._last_reply: tuple[float, list[str]] | None = None  # when the last reply came, its tool names
+        self.tool_report = ToolReport()
 
     def model_step(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """One chat completion through the proxy as this rollout's session; the assistant message."""
         assert self.lease.key is not None, "the session was closed"
-        timeout = None if self._deadline is None else self._deadline - time.monotonic()
+        now = time.monotonic()
+        if self._last_reply is not None and self._last_reply[1]:
+            replied_at, names = self._last_reply
+            share = (now - replied_at) / len(names)
+            self.tool_report.latency_s += [(name, share) for name in names]
+        timeout = None if self._deadline is None else self._deadline - now
         if timeout is not None and timeout <= 0:
             raise TimeoutError("the rollout's time is up")
-        body: dict[str, Any] = {"model": self._factory.model_name, "messages": messages}
+        body: dict[str, Any] = {"model": self._context.model_name, "messages": messages}
         if tools:
             body["tools"] = tools
         request = urllib.request.Request(
-            f"{self._factory.proxy.base_url}/v1/chat/completions",
+            f"{self._context.proxy.base_url}/v1/chat/completions",
             data=json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {self.lease.key}", "Content-Type": "application/json"},
             method="POST",
@@ -89,17 +112,23 @@ class WhiteBoxSession:
             raise
         except OSError as exc:
             raise ModelStepError(f"model call failed: {exc}") from exc
-        return reply["choices"][0]["message"]
+        message = reply["choices"][0]["message"]
+        names = [(c.get("function") or {}).get("name", "") for c in message.get("tool_calls") or []]
+        self._last_reply = (time.monotonic(), names)
+        return message
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self._factory.adapter.run_white_box(self.model_step, self.inner, self._factory.limits)
+        result = self._factory.adapter.run_white_box(self.model_step, self.inner, self._factory.limits)
+        tool_trace = getattr(result, "tool_trace", None)
+        if tool_trace is not None:
+            self.tool_report.failures = sum(getattr(e.result, "error", None) is not None for e in tool_trace)
         return 0
 
     def fetch_training_trace(self) -> TrainingTrace:
         return self.lease.trace()
 
-    def verify(self, transcript: str | None = None, final_state: Any = None) -> VerifyResult:
+    def verify(self, transcript: Any = None, final_state: Any = None) -> VerifyResult:
         return self.inner.verify(transcript, final_state)
 
     def close(self) -> None:
@@ -110,36 +139,38 @@ class WhiteBoxSession:
 
 
 class WhiteBoxSessionFactory:
-    """Wraps the user's factory (built by the trainer like any other) so that ``adapter`` runs each rollout."""
+    """Wraps the user's factory (built by the trainer like any other) so that ``adapter`` runs each rollout.
 
-    def __init__(
-        self,
-        inner: Any,
-        adapter: HarnessAdapter,
-        *,
-        proxy: ProxyEndpoint,
-        sampling: Mapping[str, Any],
-        max_turns: int,
-        max_output_tokens: int | None = None,
-        model_name: str = "policy",
-    ) -> None:
+    A ``TrainerBoundSessionFactory``: the trainer binds it to its proxy; the user's factory creates
+    the environment session (from the row's prompt, or the whole row if it is trainer-bound too).
+    """
+
+    def __init__(self, inner: Any, adapter: HarnessAdapter, *, max_turns: int) -> None:
         if not isinstance(adapter, HarnessAdapter):
             raise TypeError(f"{type(adapter).__name__} has no run_white_box(model_step, session, limits)")
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         self.inner = inner
         self.adapter = adapter
-        self.proxy = proxy
-        self.admin = ProxyAdminClient(proxy.base_url, proxy.admin_key)
-        self.sampling = dict(sampling)
-        self.limits = HarnessRunLimits(max_turns=max_turns, sampling=dict(sampling))
-        self.max_output_tokens = max_output_tokens
-        self.model_name = model_name
+        self.max_turns = max_turns
+        self.limits = HarnessRunLimits(max_turns=max_turns)
+        self._context: RolloutContext | None = None
 
-    def create(self, task: Mapping[str, Any], *, seed: int, episode_id: str) -> WhiteBoxSession:
-        inner = self.inner.create(task, seed=seed, episode_id=episode_id)
+    def bind_rollout(self, context: RolloutContext) -> None:
+        self._context = context
+        self.limits = HarnessRunLimits(max_turns=self.max_turns, sampling=dict(context.sampling))
+        if isinstance(self.inner, TrainerBoundSessionFactory):
+            self.inner.bind_rollout(context)
+
+    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> WhiteBoxSession:
+        return self.create_from_row({"prompt": prompt}, seed=seed or 0, episode_id=episode_id or uuid.uuid4().hex)
+
+    def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> WhiteBoxSession:
+        if self._context is None:
+            raise RuntimeError("WhiteBoxSessionFactory is not bound to a proxy: the trainer calls bind_rollout first")
+        inner = create_session(self.inner, row, seed=seed, episode_id=episode_id)
         try:
-            return WhiteBoxSession(self, inner, seed=seed, episode_id=episode_id)
+            return WhiteBoxSession(self, inner, self._context, seed=seed, episode_id=episode_id)
         except BaseException:
             inner.close()
             raise

@@ -9,8 +9,9 @@ Every ``HarnessGRPOConfig`` field is a flag (``--learning_rate``, ``--num_genera
 ``--vllm_server_base_url`` ...). The defaults are the embedded CPU run: the tiny model after
 the submit task's short SFT (built from files this repo ships, cached), the embedded engine and
 the capture proxy in-process on loopback, and ``examples/agents/tool_agent.py`` as the harness:
-its own process per rollout, owning its loop, talking only HTTP to the proxy. The reward is the
-task verifier's look at the agent's working directory. On 2 cores the default 20 steps take a
+its own process per rollout, owning its loop, talking only HTTP to the proxy. The reward is
+``examples/rewards.py``'s ``correctness_with_efficiency``: the task verifier's look at the agent's
+working directory, plus a small bonus for solving it in few tool calls. On 2 cores the default 20 steps take a
 few minutes and lift the verifier's reward from about 0.3 (see ``tests/trainer/test_learning.py``).
 
 Several processes: rank 0 runs the engine, the proxy and the rollouts, and every rank trains on its
@@ -45,10 +46,12 @@ sys.path.insert(0, str(REPO))
 from transformers import HfArgumentParser  # noqa: E402
 
 from examples import shell_chores, submit_task  # noqa: E402
+from examples.rewards import correctness_with_efficiency  # noqa: E402
 from harness_grpo.agent_clis import AGENTS, SMALL_MODEL_PROMPT, CLIAgentSessionFactory  # noqa: E402
+from harness_grpo.checkpoints import latest_checkpoint  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
 from harness_grpo.local_agent import LocalAgentSessionFactory  # noqa: E402
-from harness_grpo.trainer import HarnessAsyncGRPOTrainer, latest_checkpoint  # noqa: E402
+from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
 HARNESSES = ("tool-agent", *AGENTS)
 
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             verifier=shell_chores.verifier,
             system_prompt=SMALL_MODEL_PROMPT if launch.model is None else None,
         )
-    trainer = HarnessAsyncGRPOTrainer(model, factory, args, dataset)
+    trainer = HarnessAsyncGRPOTrainer(model, factory, args, dataset, rollout_reward_fn=correctness_with_efficiency)
     resume = latest_checkpoint(args.output_dir) if launch.resume else None
     if launch.resume and resume is None:
         print(f"no checkpoint under {args.output_dir}: starting from step 0")

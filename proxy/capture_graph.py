@@ -452,11 +452,74 @@ def _path_tokens(path: list[tuple[_Node, list[int]]]) -> list[int]:
 def sequences_from_trace(trace: TrainingTrace) -> list[TrainingSequence]:
     """The training sequences of any ``TrainingTrace`` (ours or another producer's), masks kept exactly.
 
-    Turns are re-linked by the same exact-prefix rule in their arrival order (``metadata.index``
-    when present), so a trace fetched from the proxy yields the sequences the proxy would export.
-    A turn's completion mask is applied as given: positions with mask 0 inside a completion stay
-    context (0, logprob 0.0) in every sequence that contains the turn.
+    A trace this module exported carries its graph: every turn's ``metadata`` has ``parent_id`` and
+    ``role``. Such a trace is read back along those links (``linked_sequences``), each link checked
+    to be an exact token prefix; no second graph is built. A trace without that structure (another
+    producer's) is re-linked by the same exact-prefix rule in its arrival order (``metadata.index``
+    when present). Either way a turn's completion mask is applied as given: positions with mask 0
+    inside a completion stay context (0, logprob 0.0) in every sequence that contains the turn.
     """
+    linked = linked_sequences(trace)
+    return linked if linked is not None else rebuilt_sequences(trace)
+
+
+def linked_sequences(trace: TrainingTrace) -> list[TrainingSequence] | None:
+    """Sequences along the trace's own ``parent_id``/``role`` links, or None when it carries none or a
+    link is not an exact prefix (the caller then rebuilds the graph). O(total prompt tokens)."""
+    turns = {turn.node_id: turn for turn in trace.turns}
+    parents: dict[str, str] = {}
+    for turn in trace.turns:
+        metadata = turn.metadata
+        if "parent_id" not in metadata or metadata.get("role") not in _ROLE_RANK:
+            return None
+        parent_id = metadata["parent_id"]
+        if parent_id is None:
+            continue
+        parent = turns.get(parent_id) if isinstance(parent_id, str) else None
+        if parent is None:
+            return None
+        n_prompt, n_end = len(parent.prompt_token_ids), len(parent.prompt_token_ids) + len(parent.completion_token_ids)
+        prompt = turn.prompt_token_ids
+        if not (
+            n_prompt < len(prompt)
+            and n_end <= len(prompt)
+            and prompt[:n_prompt] == parent.prompt_token_ids
+            and prompt[n_prompt:n_end] == parent.completion_token_ids
+        ):
+            return None
+        parents[turn.node_id] = parent_id
+    inner = set(parents.values())
+    leaves = [turn for turn in trace.turns if turn.node_id not in inner]
+    paths = []
+    for leaf in leaves:
+        tokens = [*leaf.prompt_token_ids, *leaf.completion_token_ids]
+        path = [leaf.node_id]
+        while path[-1] in parents:
+            path.append(parents[path[-1]])
+        path.reverse()
+        paths.append((_ROLE_RANK[leaf.metadata["role"]], -len(tokens), tokens, path, leaf.metadata["role"]))
+    paths.sort(key=lambda p: p[:3])
+    trained: set[str] = set()
+    out = []
+    for _, _, tokens, path, role in paths:
+        mask, logps = [0] * len(tokens), [0.0] * len(tokens)
+        for node_id in path:
+            turn = turns[node_id]
+            start = len(turn.prompt_token_ids)
+            completion_mask = turn.loss_mask[start:]
+            if node_id in trained or not any(completion_mask):
+                continue
+            trained.add(node_id)
+            mask[start : start + len(completion_mask)] = completion_mask
+            logps[start : start + len(completion_mask)] = [
+                lp if keep else 0.0 for lp, keep in zip(turn.per_token_logps, completion_mask, strict=True)
+            ]
+        out.append(TrainingSequence(tokens, mask, logps, path, role))
+    return out
+
+
+def rebuilt_sequences(trace: TrainingTrace) -> list[TrainingSequence]:
+    """Sequences of a trace without graph structure: its turns re-linked by exact prefix, in arrival order."""
     graph = CaptureGraph()
     turns = sorted(enumerate(trace.turns), key=lambda it: (it[1].metadata.get("index", it[0]), it[0]))
     masks: dict[str, tuple[int, list[int]]] = {}

@@ -281,3 +281,46 @@ class TrainingTrace(BaseModel):
         fields = tuple(TrainingTurn.model_fields)
         turns = [{name: getattr(turn, name) for name in fields} for turn in self.turns]
         return orjson.dumps({"schema_version": self.schema_version, "turns": turns})
+
+    @classmethod
+    def from_entries(cls, entries: list[dict[str, Any]]) -> TrainingTrace:
+        """The trace of TRL/OpenEnv ``TraceEntry`` records (``node_id`` in ``metadata``); nothing inferred.
+
+        Validated like any trace: a record without ``node_id``, ids, logprobs or a mask is a
+        ``CaptureContractError``.
+        """
+        turns = []
+        for i, entry in enumerate(entries):
+            metadata = dict(entry.get("metadata") or {})
+            node_id = metadata.pop("node_id", None)
+            if not isinstance(node_id, str):
+                raise CaptureContractError([Violation("no_node_id", f"entries[{i}].metadata.node_id", "missing")])
+            turns.append(
+                {
+                    "node_id": node_id,
+                    **{k: entry.get(k) for k in ("prompt_token_ids", "completion_token_ids", "per_token_logps")},
+                    "loss_mask": entry.get("loss_mask"),
+                    "request": entry.get("request") or {},
+                    "response": entry.get("response") or {},
+                    "metadata": metadata,
+                }
+            )
+        return cls.model_validate({"schema_version": SCHEMA_VERSION, "turns": turns})
+
+    def to_trace_entries(self, turns: list[TrainingTurn] | None = None) -> list[dict[str, Any]]:
+        """``TraceEntry`` records of ``turns`` (default: all), ``node_id`` moved into ``metadata``.
+
+        The records share the turns' id, logprob and mask lists (no copy): treat them as read-only.
+        """
+        return [
+            {
+                "prompt_token_ids": turn.prompt_token_ids,
+                "completion_token_ids": turn.completion_token_ids,
+                "per_token_logps": turn.per_token_logps,
+                "loss_mask": turn.loss_mask,
+                "request": turn.request,
+                "response": turn.response,
+                "metadata": {**turn.metadata, "node_id": turn.node_id},
+            }
+            for turn in (self.turns if turns is None else turns)
+        ]

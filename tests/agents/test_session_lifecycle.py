@@ -11,7 +11,7 @@ import pytest
 
 from harness_grpo.agent_clis import run_process
 from harness_grpo.local_agent import LocalAgentSessionFactory
-from harness_grpo.session_protocol import ProxyEndpoint
+from harness_grpo.rollout_context import ProxyEndpoint, RolloutContext
 
 LEAVES_A_CHILD = "sleep 300 & echo $! > child.pid.tmp && mv child.pid.tmp child.pid; {tail}"
 
@@ -66,10 +66,11 @@ def test_local_agent_session_closed_from_another_thread_ends_the_agent_and_its_c
         command=["bash", "-c", LEAVES_A_CHILD.format(tail="sleep 300")],
         verifier=lambda workdir, task: 0.0,
         sampling={"temperature": 1.0},
-        proxy=ProxyEndpoint(agent_stack.url, agent_stack.proxy.admin_key),
-        model_name=agent_stack.served_model,
     )
-    session = factory.create({"prompt": "x"}, seed=0, episode_id="lifecycle")
+    factory.bind_rollout(
+        RolloutContext(ProxyEndpoint(agent_stack.url, agent_stack.proxy.admin_key), model_name=agent_stack.served_model)
+    )
+    session = factory.create("x", seed=0, episode_id="lifecycle")
     pid_file = session.workdir / "child.pid"
     exit_codes: list[int] = []
     waiter = threading.Thread(target=lambda: exit_codes.append(session.wait_for_completion(300)))

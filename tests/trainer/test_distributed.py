@@ -54,6 +54,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
+    from examples.white_box_submit import SubmitTaskSessionFactory
     from harness_grpo.config import HarnessGRPOConfig
     from harness_grpo.trainer import HarnessAsyncGRPOTrainer
 
@@ -68,7 +69,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
         report_to=[],
         use_cpu=True,
     )
-    trainer = HarnessAsyncGRPOTrainer(model_dir, lambda **_: None, args, [{"prompt": "unused"}])
+    trainer = HarnessAsyncGRPOTrainer(model_dir, SubmitTaskSessionFactory, args, [{"prompt": "unused"}])
     assert trainer.accelerator.num_processes == world
     vocab = trainer.tokenizer.vocab_size
     results: dict[str, Any] = {"steps": []}

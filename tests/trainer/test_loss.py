@@ -27,12 +27,12 @@ def place(batch: MicroBatch, per_row: list[list[float]]) -> torch.Tensor:
 
 
 def two_rows() -> list[Row]:
-    # rollout r1: one row, trained tokens at positions 1 and 2, A = +1 -> weight 1/2 per token
+    # per-rollout weighting; rollout r1: one row, trained tokens at positions 1 and 2, A = +1 -> weight 1/2 per token
     # rollout r2: one row, trained token at position 2 only (positions 1 and 3 are context), A = -0.5 -> weight 1
     s1 = TrainingSequence([5, 6, 7], [0, 1, 1], [0.0, -1.0, -2.0], ["a"], AGENT)
     s2 = TrainingSequence([5, 8, 9, 4], [0, 0, 1, 0], [0.0, 0.0, -0.5, 0.0], ["b"], AGENT)
-    r1 = rollout_rows([s1], 1.0, policy_version=0, rollout_id="r1", group_id="g")
-    r2 = rollout_rows([s2], -0.5, policy_version=0, rollout_id="r2", group_id="g")
+    r1 = rollout_rows([s1], 1.0, policy_version=0, rollout_id="r1", group_id="g", weighting="rollout")
+    r2 = rollout_rows([s2], -0.5, policy_version=0, rollout_id="r2", group_id="g", weighting="rollout")
     return r1 + r2
 
 

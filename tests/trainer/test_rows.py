@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
-from proxy.capture_graph import AGENT, AUXILIARY, DISCARDED, CaptureGraph, TrainingSequence
+from harness_grpo.turn_masks import mask_turns
+from proxy.capture_graph import AGENT, AUXILIARY, DISCARDED, CaptureGraph, TrainingSequence, sequences_from_trace
 
 TOOLS = {"messages": [], "tools": [{"type": "function", "function": {"name": "sh"}}]}
+REPLY_B = {"choices": [{"message": {"role": "assistant", "content": "b"}}]}
 
 
 def _rows(sequences: list[TrainingSequence], advantage: float = 1.0, **kw: object) -> list[Row]:
@@ -22,7 +24,7 @@ def test_partial_mask_is_preserved_exactly() -> None:
     assert row.loss_mask == [0, 0, 1, 0, 1]
     assert row.behaviour_logprobs == [0.0, 0.0, -0.5, 0.0, -0.25]
     assert [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m] == [12, 14]
-    assert row.n_trainable == 2 and row.weight == 0.5
+    assert row.n_trainable == 2 and row.weight == 1.0  # token weighting by default
     assert (row.advantage, row.policy_version, row.rollout_id, row.group_id) == (0.7, 3, "r0", "g0")
     assert row.node_ids == ("n",) and row.role == AGENT
     assert seq.loss_mask == [0, 0, 1, 0, 1]  # the input is not mutated
@@ -31,7 +33,7 @@ def test_partial_mask_is_preserved_exactly() -> None:
 def _forked_graph() -> tuple[CaptureGraph, list[TrainingSequence]]:
     g = CaptureGraph()
     g.add_call([1, 2, 3], [4, 5], [-0.1, -0.2], TOOLS, node_id="a")
-    g.add_call([1, 2, 3, 4, 5, 6], [7, 8], [-0.3, -0.4], TOOLS, node_id="b")  # continues a
+    g.add_call([1, 2, 3, 4, 5, 6], [7, 8], [-0.3, -0.4], TOOLS, REPLY_B, node_id="b")  # continues a
     g.add_call([1, 2, 3, 4, 5, 9], [10], [-0.5], TOOLS, node_id="c")  # a fork of a, also terminal
     return g, g.training_sequences()
 
@@ -39,19 +41,20 @@ def _forked_graph() -> tuple[CaptureGraph, list[TrainingSequence]]:
 def test_forked_rollout_counts_once() -> None:
     _, seqs = _forked_graph()
     assert len(seqs) == 2 and all(s.role == AGENT for s in seqs)
-    rows = _rows(seqs, advantage=-1.0)
+    rows = _rows(seqs, advantage=-1.0, weighting="rollout")
     assert len(rows) == 2
     assert [r.n_trainable for r in rows] == [4, 1]  # the shared node a is trained once
     assert all(r.advantage == -1.0 for r in rows)
     assert all(r.weight == pytest.approx(1 / 5) for r in rows)
     assert loss_normalizer(rows) == pytest.approx(1.0)  # one rollout
-    single = _rows([TrainingSequence([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], ["x"], AGENT)])
+    single = _rows([TrainingSequence([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], ["x"], AGENT)], weighting="rollout")
     assert loss_normalizer(rows + single) == pytest.approx(2.0)  # two rollouts, whatever their rows
 
 
-def test_token_weighting_counts_tokens() -> None:
+def test_token_weighting_is_the_default_and_counts_tokens() -> None:
     _, seqs = _forked_graph()
-    rows = _rows(seqs, weighting="token")
+    assert _rows(seqs) == _rows(seqs, weighting="token")
+    rows = _rows(seqs)
     assert [r.weight for r in rows] == [1.0, 1.0]
     assert loss_normalizer(rows) == 5.0
     with pytest.raises(ValueError, match="weighting"):
@@ -69,7 +72,7 @@ def test_excluded_roles_and_empty_rows_are_dropped_and_counted() -> None:
     rows = _rows(seqs, stats=stats)
     assert [r.node_ids for r in rows] == [("a",)]
     assert (stats.rows, stats.excluded_role, stats.dropped_empty) == (1, 2, 1)
-    rows = _rows(seqs, include_roles=(AGENT, AUXILIARY), stats=stats)
+    rows = _rows(seqs, include_roles=(AGENT, AUXILIARY), stats=stats, weighting="rollout")
     assert [r.role for r in rows] == [AGENT, AUXILIARY]
     assert all(r.weight == pytest.approx(1 / 3) for r in rows)
     assert stats.rollouts == 2 and stats.rows == 3 and stats.trainable_tokens == 5
@@ -88,16 +91,18 @@ def test_rows_longer_than_max_length_are_dropped_not_cut() -> None:
     assert _rows(seqs[:1], max_length=4, stats=stats) == [] and stats.rollouts_without_rows == 1
 
 
-def test_train_turn_makes_rejected_turns_context() -> None:
-    g, seqs = _forked_graph()
-    trace = g.to_training_trace()
-    rows = _rows(seqs, train_turn=lambda turn: turn.node_id != "b", trace=trace)
+def test_a_turn_rule_makes_rejected_turns_context() -> None:
+    """``mask_turns`` (what ``train_turn_fn`` did) zeroes the rejected turn's completion in the trace;
+    the rows then keep its tokens as context in every sequence."""
+    g, _ = _forked_graph()
+    assert mask_turns(g.to_training_trace(), lambda turn: True) == g.to_training_trace()
+    b_masked = mask_turns(g.to_training_trace(), lambda turn: turn.content != "b")
+    assert {t.node_id: sum(t.loss_mask) for t in b_masked.turns} == {"a": 2, "b": 0, "c": 1}
+    rows = _rows(sequences_from_trace(b_masked), weighting="rollout")
     assert [r.n_trainable for r in rows] == [2, 1]
     assert rows[0].loss_mask == [0, 0, 0, 1, 1, 0, 0, 0]
     assert rows[0].behaviour_logprobs == pytest.approx([0, 0, 0, -0.1, -0.2, 0, 0, 0])
     assert all(r.weight == pytest.approx(1 / 3) for r in rows)
-    with pytest.raises(ValueError, match="trace"):
-        _rows(seqs, train_turn=lambda turn: True)
 
 
 @pytest.mark.parametrize(

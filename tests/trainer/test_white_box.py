@@ -21,6 +21,7 @@ from examples import submit_task
 from examples.white_box_submit import SubmitTaskSessionFactory, SubmitToolLoop
 from harness_grpo.config import HarnessGRPOConfig
 from harness_grpo.rollouts import run_rollout
+from harness_grpo.session_protocol import SessionContractError
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer
 from harness_grpo.white_box import HarnessRunLimits, ModelStep
 
@@ -89,14 +90,16 @@ def test_white_box_rollouts_are_captured_scored_and_trained(tmp_path: Path) -> N
     assert len(trainer.state.log_history) == 2
     assert len(loop.episodes) >= 8  # two groups of four (the producer may have started more)
     for episode in loop.episodes:
-        assert episode["limits"].max_turns == 3 and episode["limits"].sampling == {"temperature": 1.0}
+        assert episode["limits"].max_turns == 3 and episode["limits"].sampling == trainer.args.sampling_policy()
         assert 1 <= len(episode["replies"]) <= 3
     for entry in trainer.state.log_history:
         assert entry["rollout/errors"] == 0 and entry["rollout/unscorable_frac"] == 0
         assert entry["rollout/turns_mean"] >= 1
-        assert 0.0 <= entry["rollout/correctness_mean"] <= 1.0
+        assert 0.0 <= entry["rewards/harness_reward/mean"] <= 1.0
+        assert "rollout/correctness_mean" not in entry  # no rollout_reward_fn: the reward is the verifier's
     assert any(reply.get("tool_calls") for e in loop.episodes for reply in e["replies"])  # the task SFT's doing
-    assert sum(entry["tools/call_frequency"] for entry in trainer.state.log_history) > 0
+    assert sum(entry.get("tools/call_frequency", 0) for entry in trainer.state.log_history) > 0
+    assert any("tools/latency_s" in entry for entry in trainer.state.log_history)  # white-box: timed per call
 
 
 @pytest.mark.timeout(600)
@@ -115,8 +118,8 @@ def test_a_white_box_rollout_records_the_tool_results_it_sends_back(tmp_path: Pa
         for seed in range(8):
             task = {"prompt": "Read notes.txt, then submit."}
             outcome = run_rollout(trainer.session_factory, task, seed=seed, timeout_s=120)
-            assert outcome.error is None and outcome.trace is not None
-            turns = outcome.trace.turns
+            assert outcome.error is None and outcome.training_trace is not None
+            turns = outcome.training_trace.turns
             called = [
                 (call["function"]["name"], call["function"]["arguments"])
                 for t in turns
@@ -162,18 +165,45 @@ def test_an_object_without_run_white_box_is_refused(tmp_path: Path) -> None:
         )
 
 
-@pytest.mark.timeout(300)
-def test_a_factory_that_fails_to_build_stops_every_service_it_started(tmp_path: Path) -> None:
+def test_a_factory_that_fails_to_build_fails_the_construction(tmp_path: Path) -> None:
     def missing_agent(**kwargs: Any) -> Any:
         raise FileNotFoundError("opencode is not installed; run launchers/install_agents.sh")
 
+    with pytest.raises(FileNotFoundError, match="install_agents"):
+        HarnessAsyncGRPOTrainer(
+            str(submit_task.task_model_path()), missing_agent, _args(tmp_path, steps=1), submit_task.dataset()
+        )
+
+
+def test_a_factory_without_create_is_refused_naming_it(tmp_path: Path) -> None:
+    def no_create(**kwargs: Any) -> Any:
+        return object()
+
+    with pytest.raises(SessionContractError, match=r"no_create.*no create"):
+        HarnessAsyncGRPOTrainer(
+            str(submit_task.task_model_path()), no_create, _args(tmp_path, 1), submit_task.dataset()
+        )
+
+
+class UnbindableFactory(SubmitTaskSessionFactory):
+    """A trainer-bound factory whose binding fails (say, its sandbox backend is missing)."""
+
+    def bind_rollout(self, context: Any) -> None:
+        raise FileNotFoundError("bwrap is not installed")
+
+    def create_from_row(self, row: Any, *, seed: int, episode_id: str) -> Any:
+        raise AssertionError("never reached")
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_start_stops_every_service_it_started(tmp_path: Path) -> None:
     before = {thread.name for thread in threading.enumerate()}
     trainer = HarnessAsyncGRPOTrainer(
-        str(submit_task.task_model_path()), missing_agent, _args(tmp_path, steps=1), submit_task.dataset()
+        str(submit_task.task_model_path()), UnbindableFactory, _args(tmp_path, steps=1), submit_task.dataset()
     )
-    with pytest.raises(FileNotFoundError, match="install_agents"):
+    with pytest.raises(FileNotFoundError, match="bwrap"):
         trainer.train()
-    assert trainer.services is None
+    assert trainer.services is not None and trainer.services.loop is None  # stopped
     ours = ("harness-services", "engine-compute", "rollout")
     left = {thread.name for thread in threading.enumerate() if thread.name.startswith(ours)} - before
     assert not left, f"threads left running: {left}"

@@ -1,0 +1,89 @@
+"""What the trainer hands its own session factories: the proxy, the budgets, one proxy session per rollout.
+
+``RolloutContext`` is the explicit channel of ``TrainerBoundSessionFactory.bind_rollout``: a
+third-party factory never sees it. ``ProxySessionLease`` is one rollout's train session on the
+proxy, created with the trainer's sampling policy and budgets; its ``key`` is the API key the
+agent's model client sends, so every call it makes lands in that session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.trace import TrainingTrace
+
+
+@dataclass(frozen=True)
+class ProxyEndpoint:
+    """Where agents reach the capture proxy and how the trainer controls it."""
+
+    base_url: str  # http://host:port (agents append /v1 or the dialect's path)
+    admin_key: str
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """The trainer's rollout side, bound to our factories before the first session.
+
+    ``sampling`` is the policy every session pins (the same dict the factory was built with);
+    ``max_model_calls`` and ``max_output_tokens`` are the proxy's per-session budgets (None:
+    unlimited); ``model_name`` is the name agents send as their model.
+    """
+
+    proxy: ProxyEndpoint
+    sampling: dict[str, Any] = field(default_factory=dict)
+    max_model_calls: int | None = None
+    max_output_tokens: int | None = None
+    model_name: str = "policy"
+
+    def admin(self) -> ProxyAdminClient:
+        return ProxyAdminClient(self.proxy.base_url, self.proxy.admin_key)
+
+    def lease(self, metadata: dict[str, Any], *, max_model_calls: int | None = None) -> ProxySessionLease:
+        """A new train session on the proxy (``max_model_calls`` overrides the context's budget)."""
+        return ProxySessionLease(
+            self.admin(),
+            sampling=self.sampling,
+            max_model_calls=self.max_model_calls if max_model_calls is None else max_model_calls,
+            max_output_tokens=self.max_output_tokens,
+            metadata=metadata,
+        )
+
+
+class ProxySessionLease:
+    """One rollout's train session on the proxy: created with the trainer's sampling policy and budget.
+
+    ``key`` is what the model client sends as its API key; ``trace()`` is everything captured under
+    it; ``release()`` deletes the session and never raises (closing must not mask the rollout's outcome).
+    """
+
+    def __init__(
+        self,
+        admin: ProxyAdminClient,
+        *,
+        sampling: dict[str, Any],
+        max_model_calls: int | None,
+        max_output_tokens: int | None,
+        metadata: dict[str, Any],
+    ) -> None:
+        self._admin = admin
+        self.key: str | None = admin.create_session(
+            purpose="train",
+            sampling=sampling,
+            max_model_calls=max_model_calls,
+            max_output_tokens=max_output_tokens,
+            metadata=metadata,
+        )
+
+    def trace(self) -> TrainingTrace:
+        assert self.key is not None, "the session was released"
+        return self._admin.trace(self.key)
+
+    def release(self) -> None:
+        if self.key is not None:
+            with contextlib.suppress(ProxyClientError):
+                self._admin.delete(self.key)
+            self.key = None

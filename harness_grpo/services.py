@@ -1,0 +1,106 @@
+"""The services a training run needs beside its step loop: engine, capture proxy, weight sync.
+
+``TrainerServices.start(...)`` on rank 0 starts, on one ``ServiceLoop``:
+
+- the engine: the embedded CPU engine and its HTTP server in-process, unless the config names an
+  engine URL (``vllm_server_base_url``: a vLLM server, or our engine in another process);
+- the capture proxy, only when the session factory runs its sessions against the trainer's own
+  proxy (a ``TrainerBoundSessionFactory``); a third-party factory brings its own rollout side;
+- the weight sync, unless one was injected: in-process to the embedded engine, or
+  ``weight_sync_for(url)`` (NCCL to vLLM, HTTP to our engine).
+
+Other ranks start only their side of the weight sync. ``stop()`` stops whatever was started, also
+after a failed start, and never leaves a thread or a server behind.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness_grpo.config import HarnessGRPOConfig
+from harness_grpo.engine.embedded import TINY, TINY_WARM, EmbeddedEngine, resolve_model
+from harness_grpo.engine.server import EngineServer
+from harness_grpo.rollout_context import ProxyEndpoint
+from harness_grpo.service_loop import ServiceLoop
+from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync, WeightSync
+from proxy.server import CaptureProxy, ProxyConfig
+
+
+@dataclass
+class TrainerServices:
+    """What ``start`` started (None: not started here); see the module docstring."""
+
+    loop: ServiceLoop | None = None
+    engine: EmbeddedEngine | None = None
+    engine_server: EngineServer | None = None
+    engine_url: str | None = None
+    proxy: CaptureProxy | None = None
+    proxy_endpoint: ProxyEndpoint | None = None
+    weight_sync: WeightSync | None = None
+
+    @classmethod
+    def start(
+        cls,
+        args: HarnessGRPOConfig,
+        *,
+        model_path: str | None,
+        is_main: bool,
+        needs_proxy: bool,
+        policy_version: int,
+        weight_sync: WeightSync | None = None,
+    ) -> TrainerServices:
+        """Start the run's services (stopping what started if one fails)."""
+        services = cls(weight_sync=weight_sync)
+        try:
+            services._start(args, model_path, is_main, needs_proxy, policy_version)
+        except BaseException:
+            services.stop()
+            raise
+        return services
+
+    def _start(
+        self, args: HarnessGRPOConfig, model_path: str | None, is_main: bool, needs_proxy: bool, version: int
+    ) -> None:
+        url, timeout_s = args.vllm_server_base_url, args.weight_sync_timeout_s
+        if self.weight_sync is None and url is not None:
+            self.weight_sync = VLLMNCCLWeightSync(url, timeout_s=timeout_s, initial_version=version)
+        if not is_main:
+            if self.weight_sync is None:  # gathers in lock-step with rank 0, which pushes
+                self.weight_sync = EmbeddedWeightSync(None, timeout_s=timeout_s, initial_version=version)
+            return
+        self.loop = ServiceLoop()
+        if url is None:
+            engine_model = args.engine_model or model_path
+            if engine_model in (TINY, TINY_WARM):
+                engine_model = resolve_model(engine_model)[0]
+            self.engine = EmbeddedEngine(engine_model, num_threads=args.engine_num_threads).start()
+            self.engine_server = EngineServer(self.engine)
+            url = self.loop.run(self.engine_server.start())
+            if self.weight_sync is None:
+                self.weight_sync = EmbeddedWeightSync(self.engine, timeout_s=timeout_s, initial_version=version)
+        self.engine_url = url
+        if needs_proxy:
+            journal = Path(args.output_dir) / "proxy_journal"
+            shutil.rmtree(journal, ignore_errors=True)  # an earlier run's sessions: their rollouts were discarded
+            self.proxy = CaptureProxy(ProxyConfig(engine_url=url, journal_dir=journal, port=0))
+            port = self.loop.run(self.proxy.start())
+            self.proxy_endpoint = ProxyEndpoint(f"http://127.0.0.1:{port}", self.proxy.admin_key)
+
+    def stop(self) -> None:
+        """Stop whatever was started, also after a partial start."""
+        try:
+            if self.loop is not None:
+                if self.proxy is not None:
+                    self.loop.run(self.proxy.stop(), 30)
+                if self.engine_server is not None:
+                    self.loop.run(self.engine_server.stop(), 30)
+        finally:
+            if self.engine is not None:
+                self.engine.stop()
+            if self.weight_sync is not None:
+                self.weight_sync.close()
+            if self.loop is not None:
+                self.loop.close()
+            self.loop = None
