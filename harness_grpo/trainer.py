@@ -62,7 +62,7 @@ from harness_grpo.rollout_metrics import outcome_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer, cancel_and_wait
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.session_protocol import HarnessRolloutOutcome, ProxyEndpoint
-from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync, WeightSync
+from harness_grpo.weight_transports import EmbeddedWeightSync, VLLMNCCLWeightSync, WeightSync
 from harness_grpo.white_box import HarnessAdapter, WhiteBoxSessionFactory
 from proxy.capture_graph import sequences_from_trace
 from proxy.server import CaptureProxy, ProxyConfig

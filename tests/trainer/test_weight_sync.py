@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from harness_grpo.engine import EmbeddedEngine, EngineError, SamplingParams, ServerThread
 from harness_grpo.tiny_model import SERVED_MODEL_NAME, tiny_model_path
-from harness_grpo.weight_sync import (
+from harness_grpo.weight_transports import (
     EmbeddedWeightSync,
     HTTPEmbeddedWeightSync,
     NCCLTransport,
