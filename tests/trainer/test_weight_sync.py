@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import importlib.abc
 import json
 import os
 import socket
+import sys
 import threading
 import time
+import types
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -636,14 +639,58 @@ def test_metadata_check_catches_a_stream_that_differs_from_the_announcement():
         list(metadata.checked(iter([good[1], good[0]])))
 
 
-def test_the_nccl_transport_needs_vllm_only_when_used():
-    import importlib.util
+class _VLLMImportBlocker(importlib.abc.MetaPathFinder):
+    """Makes ``import vllm`` fail as if vLLM were not installed, and records each attempt."""
 
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "vllm" or name.startswith("vllm."):
+            self.attempts.append(name)
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+
+
+def _drop_vllm_modules(monkeypatch) -> None:
+    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.fixture
+def vllm_imports(monkeypatch) -> list[str]:
+    """Every attempt to import vLLM during the test, which fails as if vLLM were not installed."""
+    _drop_vllm_modules(monkeypatch)
+    blocker = _VLLMImportBlocker()
+    monkeypatch.setattr(sys, "meta_path", [blocker, *sys.meta_path])
+    return blocker.attempts
+
+
+def test_the_nccl_transport_imports_vllm_only_when_used(vllm_imports):
     transport = NCCLTransport()
-    if importlib.util.find_spec("vllm") is None:
-        with pytest.raises(WeightSyncError, match=r"vllm>=0\.22"):
-            transport.init("127.0.0.1", 1, 2)
+    with pytest.raises(WeightSyncError, match="send before init"):
+        transport.send(iter([]))
     transport.close()
+    assert vllm_imports == []  # building, a refused send and closing never import vLLM
+
+    with pytest.raises(WeightSyncError, match=r"needs vLLM \(the `vllm` extra: vllm>=0\.22,<0\.26\)"):
+        NCCLTransport().init("127.0.0.1", 1, 2)
+    assert vllm_imports == ["vllm"]  # using it does, and a missing vLLM is named
+
+
+def test_the_nccl_transport_with_vllm_installed_fails_on_what_is_missing_next(monkeypatch):
+    """With vLLM importable (a stub of its ``nccl_engine`` module here), ``init`` gets past the import
+    and the error is about the next missing thing, the CUDA device, not vLLM."""
+    _drop_vllm_modules(monkeypatch)
+    parts = ["vllm", "distributed", "weight_transfer", "nccl_engine"]
+    modules = [types.ModuleType(".".join(parts[: depth + 1])) for depth in range(len(parts))]
+    for parent, child, name in zip(modules, modules[1:], parts[1:], strict=False):
+        setattr(parent, name, child)
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(WeightSyncError, match="needs a CUDA device") as raised:
+        NCCLTransport().init("127.0.0.1", 1, 2)
+    assert "vllm" not in str(raised.value).lower()
 
 
 # ----- two ranks (gloo on CPU): lock-step FSDP gathers and one outcome for all ranks -------------
