@@ -320,7 +320,7 @@ def _run_bench(run: Run) -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness_grpo.weight_sync import NCCLTransport, VLLMNCCLWeightSync, WeightSyncError
+    from harness_grpo.weight_transports import NCCLTransport, VLLMNCCLWeightSync, WeightSyncError
 
     count = torch.cuda.device_count()
     trainer_gpu = args.trainer_gpu if args.trainer_gpu is not None else (1 if count > 1 else 0)

@@ -6,8 +6,8 @@
   engine URL (``vllm_server_base_url``: a vLLM server, or our engine in another process);
 - the capture proxy, only when the session factory runs its sessions against the trainer's own
   proxy (a ``TrainerBoundSessionFactory``); a third-party factory brings its own rollout side;
-- the weight sync, unless one was injected: in-process to the embedded engine, or
-  ``weight_sync_for(url)`` (NCCL to vLLM, HTTP to our engine).
+- the weight sync, unless one was injected: ``weight_sync_for`` (in-process to the embedded
+  engine; with a URL, NCCL to vLLM or HTTP to our engine, as the engine's ``/v1/models`` says).
 
 Other ranks start only their side of the weight sync. ``stop()`` stops whatever was started, also
 after a failed start, and never leaves a thread or a server behind.
@@ -24,7 +24,7 @@ from harness_grpo.engine.embedded import TINY, TINY_WARM, EmbeddedEngine, resolv
 from harness_grpo.engine.server import EngineServer
 from harness_grpo.rollout_context import ProxyEndpoint
 from harness_grpo.service_loop import ServiceLoop
-from harness_grpo.weight_sync import EmbeddedWeightSync, VLLMNCCLWeightSync, WeightSync
+from harness_grpo.weight_transports import WeightSync, weight_sync_for
 from proxy.server import CaptureProxy, ProxyConfig
 
 
@@ -64,11 +64,9 @@ class TrainerServices:
         self, args: HarnessGRPOConfig, model_path: str | None, is_main: bool, needs_proxy: bool, version: int
     ) -> None:
         url, timeout_s = args.vllm_server_base_url, args.weight_sync_timeout_s
-        if self.weight_sync is None and url is not None:
-            self.weight_sync = VLLMNCCLWeightSync(url, timeout_s=timeout_s, initial_version=version)
+        if self.weight_sync is None and (url is not None or not is_main):  # a collective with a URL: every rank
+            self.weight_sync = weight_sync_for(url, timeout_s=timeout_s, initial_version=version, is_main=is_main)
         if not is_main:
-            if self.weight_sync is None:  # gathers in lock-step with rank 0, which pushes
-                self.weight_sync = EmbeddedWeightSync(None, timeout_s=timeout_s, initial_version=version)
             return
         self.loop = ServiceLoop()
         if url is None:
@@ -79,7 +77,9 @@ class TrainerServices:
             self.engine_server = EngineServer(self.engine)
             url = self.loop.run(self.engine_server.start())
             if self.weight_sync is None:
-                self.weight_sync = EmbeddedWeightSync(self.engine, timeout_s=timeout_s, initial_version=version)
+                self.weight_sync = weight_sync_for(
+                    None, engine=self.engine, timeout_s=timeout_s, initial_version=version, is_main=True
+                )
         self.engine_url = url
         if needs_proxy:
             journal = Path(args.output_dir) / "proxy_journal"

@@ -61,7 +61,7 @@ from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.services import TrainerServices
 from harness_grpo.session_protocol import TrainerBoundSessionFactory, check_factory
-from harness_grpo.weight_sync import WeightSync
+from harness_grpo.weight_transports import WeightSync
 from harness_grpo.white_box import HarnessAdapter, WhiteBoxSessionFactory
 from proxy.capture_graph import sequences_from_trace
 
@@ -100,7 +100,7 @@ class HarnessAsyncGRPOTrainer:
     ``harness_adapter``: None for loop-owning agents; else the white-box tool loop that runs each
     rollout through the proxy (``harness_grpo.white_box``), the factory's sessions being its environment.
     ``processing_class``: the tokenizer (default: the model's). ``callbacks``: ``TrainerCallback``s.
-    ``weight_sync``: the weight transport (``harness_grpo.weight_sync``); default: in-process to the
+    ``weight_sync``: the weight transport (``harness_grpo.weight_transports``); default: in-process to the
     embedded engine, or chosen from the engine at ``vllm_server_base_url``.
 
     Several processes (``accelerate launch`` with FSDP2 or DDP, or ``torchrun``): rank 0 runs the

@@ -1,7 +1,8 @@
 """The engine's HTTP server: vLLM's OpenAI routes plus the weight-sync control routes.
 
 Contract. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models`` (``max_model_len``, ``weight_version``), ``GET /health``
+``GET /v1/models`` (``max_model_len``, ``weight_version``, and ``owned_by:
+"harness-grpo"``, which tells this engine from vLLM), ``GET /health``
 (``weight_version``, ``paused``), ``POST /pause?mode=keep|wait``,
 ``POST /resume``, ``GET /is_paused``, ``POST /update_weights[?version=N]``
 with a safetensors-serialised (partial) state dict as the body. Every error,
@@ -145,7 +146,7 @@ async def models(request: web.Request) -> web.Response:
         "id": engine.served_model_name,
         "object": "model",
         "created": engine.created,
-        "owned_by": "harness-grpo",
+        "owned_by": "harness-grpo",  # how weight_transports.weight_sync_for tells us from vLLM ("vllm")
         "root": engine.model_path,
         "parent": None,
         "max_model_len": engine.max_model_len,

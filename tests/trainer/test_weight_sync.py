@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import importlib.abc
 import json
 import os
+import re
 import socket
+import sys
 import threading
 import time
+import types
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ from transformers import AutoModelForCausalLM
 
 from harness_grpo.engine import EmbeddedEngine, EngineError, SamplingParams, ServerThread
 from harness_grpo.tiny_model import SERVED_MODEL_NAME, tiny_model_path
-from harness_grpo.weight_sync import (
+from harness_grpo.weight_transports import (
     EmbeddedWeightSync,
     HTTPEmbeddedWeightSync,
     NCCLTransport,
@@ -38,6 +42,7 @@ from harness_grpo.weight_sync import (
     WeightSyncError,
     params_for_sync,
     sync_name,
+    weight_sync_for,
 )
 
 PROMPT = [{"role": "user", "content": "def update():"}]
@@ -341,7 +346,8 @@ class StandInVLLMControlPlane:
     the NCCL rendezvous with a ``FakeTransport``: ``/init_weight_transfer_engine`` answers once the
     transport's init was called, ``/update_weights`` once the transport has sent, and it checks what
     was sent against the ``update_info`` (as vLLM's packed consumer would fail on a mismatch).
-    ``stall`` holds paths that never answer, ``fail`` maps paths to an error status.
+    ``stall`` holds paths that never answer, ``fail`` maps paths to an error status, ``answers`` to
+    another 200 body.
     """
 
     def __init__(self, transport: FakeTransport, world_size: int = 2) -> None:
@@ -351,6 +357,7 @@ class StandInVLLMControlPlane:
         self.calls: list[Call] = []
         self.stall: set[str] = set()
         self.fail: dict[str, int] = {}
+        self.answers: dict[str, Any] = {}
         self.init_received = threading.Event()
         self.update_received = threading.Event()
         self._ready = threading.Event()
@@ -375,6 +382,7 @@ class StandInVLLMControlPlane:
         self._stop = asyncio.Event()
         app = web.Application()
         app.router.add_get("/get_world_size", self._handle)
+        app.router.add_get("/v1/models", self._handle)
         for path in ("/init_weight_transfer_engine", "/pause", "/resume", "/start_weight_update"):
             app.router.add_post(path, self._handle)
         app.router.add_post("/update_weights", self._handle)
@@ -406,8 +414,14 @@ class StandInVLLMControlPlane:
             await asyncio.sleep(3600)
         if path in self.fail:
             return web.json_response({"error": f"stand-in failure on {path}"}, status=self.fail[path])
+        if path in self.answers:
+            return web.json_response(self.answers[path])
         if path == "/get_world_size":
             return web.json_response({"world_size": self.world_size})
+        if path == "/v1/models":  # vLLM's shape (vllm/entrypoints/openai/protocol.py ModelCard)
+            card = {"id": "Qwen/Qwen3-0.6B", "object": "model", "created": 0, "owned_by": "vllm"}
+            card |= {"root": "Qwen/Qwen3-0.6B", "parent": None, "max_model_len": 40960, "permission": []}
+            return web.json_response({"object": "list", "data": [card]})
         if path == "/init_weight_transfer_engine":
             self.init_received.set()
             if not await self._wait(self.transport.init_called):
@@ -636,14 +650,124 @@ def test_metadata_check_catches_a_stream_that_differs_from_the_announcement():
         list(metadata.checked(iter([good[1], good[0]])))
 
 
-def test_the_nccl_transport_needs_vllm_only_when_used():
-    import importlib.util
+class _VLLMImportBlocker(importlib.abc.MetaPathFinder):
+    """Makes ``import vllm`` fail as if vLLM were not installed, and records each attempt."""
 
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "vllm" or name.startswith("vllm."):
+            self.attempts.append(name)
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+
+
+def _drop_vllm_modules(monkeypatch) -> None:
+    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.fixture
+def vllm_imports(monkeypatch) -> list[str]:
+    """Every attempt to import vLLM during the test, which fails as if vLLM were not installed."""
+    _drop_vllm_modules(monkeypatch)
+    blocker = _VLLMImportBlocker()
+    monkeypatch.setattr(sys, "meta_path", [blocker, *sys.meta_path])
+    return blocker.attempts
+
+
+def test_the_nccl_transport_imports_vllm_only_when_used(vllm_imports):
     transport = NCCLTransport()
-    if importlib.util.find_spec("vllm") is None:
-        with pytest.raises(WeightSyncError, match=r"vllm>=0\.22"):
-            transport.init("127.0.0.1", 1, 2)
+    with pytest.raises(WeightSyncError, match="send before init"):
+        transport.send(iter([]))
     transport.close()
+    assert vllm_imports == []  # building, a refused send and closing never import vLLM
+
+    with pytest.raises(WeightSyncError, match=r"needs vLLM \(the `vllm` extra: vllm>=0\.22,<0\.26\)"):
+        NCCLTransport().init("127.0.0.1", 1, 2)
+    assert vllm_imports == ["vllm"]  # using it does, and a missing vLLM is named
+
+
+def test_the_nccl_transport_with_vllm_installed_fails_on_what_is_missing_next(monkeypatch):
+    """With vLLM importable (a stub of its ``nccl_engine`` module here), ``init`` gets past the import
+    and the error is about the next missing thing, the CUDA device, not vLLM."""
+    _drop_vllm_modules(monkeypatch)
+    parts = ["vllm", "distributed", "weight_transfer", "nccl_engine"]
+    modules = [types.ModuleType(".".join(parts[: depth + 1])) for depth in range(len(parts))]
+    for parent, child, name in zip(modules, modules[1:], parts[1:], strict=False):
+        setattr(parent, name, child)
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(WeightSyncError, match="needs a CUDA device") as raised:
+        NCCLTransport().init("127.0.0.1", 1, 2)
+    assert "vllm" not in str(raised.value).lower()
+
+
+# ----- picking the transport for an engine: weight_sync_for ------------------------------------------
+
+
+def test_weight_sync_for_the_embedded_engine_server_is_the_http_transport(engine, engine_url, trainer_model):
+    assert {card["owned_by"] for card in http_get(engine_url + "/v1/models")["data"]} == {"harness-grpo"}
+    before = http_greedy_ids(engine_url)
+    sync = weight_sync_for(engine_url, timeout_s=30, initial_version=4, is_main=True)
+    assert type(sync) is HTTPEmbeddedWeightSync and isinstance(sync, WeightSync) and sync.version == 4
+    assert sync.sync(trainer_model) == 5
+    assert http_get(engine_url + "/health") == {"status": "ok", "weight_version": 5, "paused": False}
+    assert_engine_holds(engine, trainer_model)
+    assert http_greedy_ids(engine_url) != before
+    sync.close()
+
+
+def test_weight_sync_for_vllm_is_the_nccl_transport_and_imports_no_vllm(plane, vllm_imports):
+    sync = weight_sync_for(plane.url, timeout_s=5, initial_version=7, is_main=True)
+    assert type(sync) is VLLMNCCLWeightSync and isinstance(sync, WeightSync) and sync.version == 7
+    assert sync.base_url == plane.url and sync.timeout_s == 5
+    assert plane.paths() == ["/v1/models"]  # asked what it is; nothing else until the first sync
+    assert vllm_imports == []
+    sync.close()
+
+
+def test_weight_sync_for_without_a_url_is_the_in_process_transport(engine, trainer_model):
+    sync = weight_sync_for(None, engine=engine, timeout_s=30, initial_version=2, is_main=True)
+    assert type(sync) is EmbeddedWeightSync and sync.engine is engine
+    assert sync.sync(trainer_model) == 3 and engine.weight_version == 3
+    assert_engine_holds(engine, trainer_model)
+    other_rank = weight_sync_for(None, timeout_s=30, initial_version=3, is_main=False)
+    assert type(other_rank) is EmbeddedWeightSync and other_rank.engine is None and other_rank.version == 3
+    with pytest.raises(ValueError, match="needs its engine"):
+        weight_sync_for(None, timeout_s=30, initial_version=0, is_main=True)
+    with pytest.raises(ValueError, match=r"torch\.distributed"):  # a non-main rank with no main rank to ask
+        weight_sync_for("http://127.0.0.1:9", timeout_s=30, initial_version=0, is_main=False)
+
+
+def test_weight_sync_for_an_engine_that_does_not_answer_is_a_clear_error(silent_server):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(
+        WeightSyncError, match=f"cannot tell which engine serves {re.escape(closed)}: GET /v1/models: Client"
+    ):
+        weight_sync_for(closed, timeout_s=5, initial_version=0, is_main=True)
+    start = time.monotonic()
+    with pytest.raises(
+        WeightSyncError, match=rf"serves {re.escape(silent_server.url)}: GET /v1/models: no answer within 0\.5s"
+    ):
+        weight_sync_for(silent_server.url, timeout_s=0.5, initial_version=0, is_main=True)
+    assert time.monotonic() - start < 0.5 + 4.0  # bounded: the limit plus slack for a loaded machine
+    assert silent_server.request_lines() == ["GET /v1/models HTTP/1.1"]
+
+
+def test_weight_sync_for_an_answer_that_is_no_model_list_is_a_clear_error(plane):
+    plane.answers["/v1/models"] = {"object": "list", "data": []}
+    with pytest.raises(WeightSyncError, match=r"GET /v1/models answered \{'object': 'list', 'data': \[\]\}"):
+        weight_sync_for(plane.url, timeout_s=5, initial_version=0, is_main=True)
+    plane.fail["/v1/models"] = 404
+    with pytest.raises(
+        WeightSyncError, match=f"serves {re.escape(plane.url)}: GET /v1/models answered HTTP 404"
+    ) as raised:
+        weight_sync_for(plane.url, timeout_s=5, initial_version=0, is_main=True)
+    assert raised.value.status == 404
 
 
 # ----- two ranks (gloo on CPU): lock-step FSDP gathers and one outcome for all ranks -------------
@@ -675,6 +799,14 @@ def _two_rank_worker(rank: int, port: int, results) -> None:
             transport = FakeTransport()
             plane = StandInVLLMControlPlane(transport).start()
             url = plane.url
+        # The engine's kind: rank 0 asks the engine, rank 1 (whose URL answers nothing) learns it from rank 0.
+        chosen = weight_sync_for(url, timeout_s=10, initial_version=0, is_main=rank == 0)
+        out["chosen"] = type(chosen).__name__
+        chosen.close()
+        try:
+            weight_sync_for("http://127.0.0.1:9", timeout_s=10, initial_version=0, is_main=rank == 0)
+        except WeightSyncError as exc:
+            out["probe_error"] = str(exc)
         sync = VLLMNCCLWeightSync(url, transport=transport or FakeTransport(), timeout_s=10, transfer_timeout_s=10)
         out["versions"] = [sync.sync(model), sync.sync(model)]
         if rank == 0:
@@ -722,9 +854,13 @@ def test_two_ranks_gather_in_lock_step_and_agree_on_the_outcome():
     zero, one = by_rank[0], by_rank[1]
     assert zero["yielded"] == ["0.weight", "0.bias", "1.weight", "1.bias", "2.weight"] and zero["full_ok"]
     assert one["yielded"] == []  # other ranks gather and discard
+    assert zero["chosen"] == one["chosen"] == "VLLMNCCLWeightSync"
+    assert zero["probe_error"].startswith("cannot tell which engine serves http://127.0.0.1:9")
+    assert one["probe_error"] == zero["probe_error"] + " (from rank 0)"
     assert zero["versions"] == one["versions"] == [1, 2]
     assert zero["sent_ok"]
     assert zero["paths"] == [
+        "/v1/models",
         "/get_world_size",
         "/init_weight_transfer_engine",
         *SYNC_ROUTES,
