@@ -14,7 +14,7 @@ from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 from pydantic import ValidationError
 
 from proxy.trace import CaptureContractError, TrainingTrace, TrainingTurn
-from tests.support.counting import python_calls
+from tests.support.counting import python_steps
 
 
 def _turn(**changes: Any) -> dict[str, Any]:
@@ -246,8 +246,8 @@ def test_validation_is_bulk(parse: str, n_turns: int, n_prompt: int, n_completio
     """The Python work of validating a trace depends on its turns, not on its tokens (no per-token Python
     loop); the timings are in ``bench/trace_export.py``."""
     small, large = _big_trace(n_turns, 3, 2), _big_trace(n_turns, n_prompt, n_completion)
-    small_trace, small_calls = python_calls(lambda: PARSERS[parse](small))
-    large_trace, large_calls = python_calls(lambda: PARSERS[parse](large))
-    assert small_calls >= n_turns  # the contract validator runs in Python once per turn: the count sees it
-    assert large_calls == small_calls
+    small_trace, small_steps = python_steps(lambda: PARSERS[parse](small))
+    large_trace, large_steps = python_steps(lambda: PARSERS[parse](large))
+    assert small_steps >= n_turns  # the contract validator runs in Python once per turn: the count sees it
+    assert large_steps == small_steps
     assert len(large_trace.turns[0].prompt_token_ids) == n_prompt and len(small_trace.turns) == n_turns

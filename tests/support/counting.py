@@ -1,10 +1,11 @@
 """Counting work instead of timing it: complexity claims checked by counts that do not depend on the machine.
 
-``python_calls(fn)`` runs ``fn()`` and counts the Python frames it entered on this thread (function
-calls and generator resumptions; C functions such as ``min``, ``list.count`` or pydantic-core's
-validators are not counted). Work done per token in Python shows up as a count that grows with the
-token count; bulk C-level work does not. ``count_calls(monkeypatch, owner, name)`` wraps
-``owner.name`` so that each call is counted (``.n``) and passed through.
+``python_steps(fn)`` runs ``fn()`` and counts the Python lines it executed on this thread (and the
+frames it entered: calls, generator resumptions); C functions such as ``min``, ``list.count`` or
+pydantic-core's validators count nothing. Work done per token in Python, a ``for`` loop as much as a
+generator, shows up as a count that grows with the token count; bulk C-level work does not.
+``count_calls(monkeypatch, owner, name)`` wraps ``owner.name`` so that each call is counted (``.n``)
+and passed through.
 """
 
 from __future__ import annotations
@@ -17,21 +18,21 @@ from typing import Any
 import pytest
 
 
-def python_calls[R](fn: Callable[[], R]) -> tuple[R, int]:
-    """``(fn(), Python frames entered while it ran)`` on the calling thread."""
+def python_steps[R](fn: Callable[[], R]) -> tuple[R, int]:
+    """``(fn(), Python lines executed while it ran)`` on the calling thread (C functions count nothing)."""
     count = 0
 
-    def profile(frame: FrameType, event: str, arg: Any) -> None:
+    def trace(frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
         nonlocal count
-        if event == "call":
-            count += 1
+        count += 1  # "call" (a frame entered or a generator resumed), then one "line" per line run
+        return trace
 
-    previous = sys.getprofile()
-    sys.setprofile(profile)
+    previous = sys.gettrace()
+    sys.settrace(trace)
     try:
         result = fn()
     finally:
-        sys.setprofile(previous)
+        sys.settrace(previous)
     return result, count
 
 
