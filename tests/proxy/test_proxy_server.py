@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -15,8 +14,10 @@ import pytest
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
 from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.server import BUDGET_EXHAUSTED_TEXT as BUDGET_TEXT
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
 from tests.support.processes import ReadyProcess
+from tests.support.wait import until
 
 
 def _assert_trace_matches(trace: dict, replies: list[dict]) -> None:
@@ -80,7 +81,7 @@ def test_policy_refusals_and_budget(tmp_path: Path) -> None:
             status, _reply = await stack.chat(key, msgs, temperature=0.1)
             assert status == 200
         status, reply = await stack.chat(key, msgs)
-        assert status == 200 and reply["choices"][0]["message"]["content"] == "Step budget exhausted; stopping."
+        assert status == 200 and reply["choices"][0]["message"]["content"] == BUDGET_TEXT
         trace = await stack.trace(key)
         assert len(trace["turns"]) == 2
         assert trace["turns"][0]["metadata"]["requested_sampling_params"] == {"temperature": 0.1}
@@ -117,11 +118,16 @@ def test_upstream_faults_become_dialect_errors_and_record_nothing(tmp_path: Path
 def test_upstream_timeout(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session()
-        stack.engine.faults = [("delay", 5.0)]
-        started = time.monotonic()
-        status, err = await stack.chat(key, [{"role": "user", "content": "hi"}])
+        probes = stack.engine.calls  # the proxy probes the engine when the first session is created
+        stack.engine.faults = [("hold", asyncio.Event())]  # never answers: only the proxy's timeout ends the call
+        # The bound is far above upstream_timeout_s: it only keeps a proxy that never times out from hanging.
+        try:
+            status, err = await asyncio.wait_for(stack.chat(key, [{"role": "user", "content": "hi"}]), 60)
+        except TimeoutError:
+            pytest.fail("the proxy waited on the engine past its 0.5 s upstream timeout")
         assert status == 504 and "timed out" in err["error"]["message"]
-        assert time.monotonic() - started < 3
+        await until(lambda: stack.engine.cancelled == 1, "the proxy did not drop the engine call it gave up on")
+        assert stack.engine.calls == probes + 1  # upstream_retries=0: not retried
         assert len((await stack.trace(key))["turns"]) == 0
 
     run_stack(body, tmp_path, upstream_timeout_s=0.5, upstream_retries=0)
@@ -130,15 +136,15 @@ def test_upstream_timeout(tmp_path: Path) -> None:
 def test_client_disconnect_cancels_upstream_and_records_nothing(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session()
-        for stream in (False, True):
-            stack.engine.faults = [("delay", 3.0)]
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(stack.chat(key, [{"role": "user", "content": "hi"}], stream=stream), 0.5)
-            for _ in range(40):
-                if stack.engine.cancelled == (2 if stream else 1):
-                    break
-                await asyncio.sleep(0.05)
-            assert stack.engine.cancelled == (2 if stream else 1)
+        probes = stack.engine.calls  # the proxy probes the engine when the first session is created
+        for n, stream in enumerate((False, True), start=1):
+            stack.engine.faults = [("hold", asyncio.Event())]  # never answers: only a cancellation ends the call
+            call = asyncio.create_task(stack.chat(key, [{"role": "user", "content": "hi"}], stream=stream))
+            await until(lambda n=n: stack.engine.calls == probes + n, "the call did not reach the engine")
+            call.cancel()  # the agent goes away
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await until(lambda n=n: stack.engine.cancelled == n, "the engine call was not cancelled")
         assert len((await stack.trace(key))["turns"]) == 0
 
     run_stack(body, tmp_path, keepalive_s=0.1)
@@ -147,14 +153,28 @@ def test_client_disconnect_cancels_upstream_and_records_nothing(tmp_path: Path) 
 def test_streaming_keepalive_and_replay(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session()
-        stack.engine.faults = [("delay", 0.5)]
+        engine_done = asyncio.Event()
+        stack.engine.faults = [("hold", engine_done)]
         payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "tools": TOOLS}
         headers = {"Authorization": f"Bearer {key}"}
+        lines: list[bytes] = []
+
+        async def read_until_two_keepalives() -> None:
+            while lines.count(b": keepalive\n") < 2:
+                line = await resp.content.readline()
+                assert line, f"the stream ended before two keepalives: {lines}"
+                lines.append(line)
+
         async with stack.http.post(f"{stack.url}/v1/chat/completions", json=payload, headers=headers) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
-            raw = (await resp.read()).decode()
-        assert raw.count(": keepalive") >= 2
-        assert raw.rstrip().endswith("data: [DONE]")
+            try:  # while the engine still holds the call
+                await asyncio.wait_for(read_until_two_keepalives(), 30)
+            except TimeoutError:
+                pytest.fail(f"fewer than two keepalives in 30 s while the engine worked: {lines}")
+            assert len((await stack.trace(key))["turns"]) == 0  # nothing recorded before the engine answered
+            engine_done.set()
+            raw = b"".join(lines) + await resp.content.read()
+        assert raw.decode().rstrip().endswith("data: [DONE]")
         assert len((await stack.trace(key))["turns"]) == 1
 
     run_stack(body, tmp_path, keepalive_s=0.1)
@@ -228,11 +248,20 @@ def test_sigkill_and_restart_serves_same_traces(tmp_path: Path) -> None:
 def test_concurrent_calls_of_one_session_cannot_overrun_its_budget(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session(max_model_calls=2)
-        stack.engine.faults = [("delay", 0.3)] * 2
+        probes = stack.engine.calls  # the proxy probes the engine when the first session is created
+        engine_done = asyncio.Event()
+        stack.engine.faults = [("hold", engine_done)] * 2
         msgs = [{"role": "user", "content": "hi"}]
-        replies = await asyncio.gather(*(stack.chat(key, msgs) for _ in range(5)))
+        calls = [asyncio.create_task(stack.chat(key, msgs)) for _ in range(5)]
+        # While the engine holds two calls, the other three are answered by the budget, not the engine.
+        await until(lambda: sum(c.done() for c in calls) == 3, "three calls were not answered while two ran")
+        assert stack.engine.calls == probes + 2
+        early = [c.result() for c in calls if c.done()]
+        assert all(status == 200 and r["choices"][0]["message"]["content"] == BUDGET_TEXT for status, r in early)
+        engine_done.set()
+        replies = await asyncio.gather(*calls)
         assert all(status == 200 for status, _ in replies)
-        budget = [r for _, r in replies if r["choices"][0]["message"]["content"] == "Step budget exhausted; stopping."]
+        budget = [r for _, r in replies if r["choices"][0]["message"]["content"] == BUDGET_TEXT]
         assert len(budget) == 3
         assert len((await stack.trace(key))["turns"]) == 2
 
