@@ -75,7 +75,6 @@ def test_cancelled_request_leaves_the_batch(make_generator, tokenizer):
         generator.pause(mode="wait", timeout_s=30)
     except EngineError as exc:
         pytest.fail(f"the cancelled request is still decoding: {exc}")
-    assert generator.num_waiting == 0
 
 
 def test_a_failing_forward_fails_its_requests_and_the_loop_survives(make_generator, reference_model, tokenizer):
