@@ -1,4 +1,4 @@
-"""Capture graph: parent linking, masks, discarded retries, roles, order independence, speed."""
+"""Capture graph: parent linking, masks, discarded retries, roles, order independence, complexity."""
 
 from __future__ import annotations
 
