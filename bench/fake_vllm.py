@@ -10,7 +10,11 @@ multi-turn session forms one capture path. Every other turn is a tool call.
 
 Faults are scheduled per call: ``FakeVLLM.faults`` is a list consumed in
 order, each entry one of ``("status", code, retry_after)``, ``("delay", s)``,
-``("truncate",)`` (a 200 with cut JSON), ``("no_ids",)``, ``None`` (normal).
+``("hold", event)`` (answer once the ``asyncio.Event`` is set: a test decides
+when the engine is done, instead of racing a delay), ``("truncate",)`` (a 200
+with cut JSON), ``("no_ids",)``, ``None`` (normal). ``calls`` counts the chat
+requests that arrived, ``cancelled`` those whose caller went away while they
+waited (a delay, ``latency_s`` or a hold).
 
 ``python bench/fake_vllm.py --port N [--latency-s S]`` runs it standalone.
 """
@@ -107,6 +111,8 @@ class FakeVLLM:
         try:
             if fault and fault[0] == "delay":
                 await asyncio.sleep(fault[1])
+            elif fault and fault[0] == "hold":
+                await fault[1].wait()
             elif self.latency_s:
                 await asyncio.sleep(self.latency_s)
         except asyncio.CancelledError:

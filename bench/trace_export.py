@@ -100,6 +100,9 @@ def run(n_turns: int, repeats: int) -> None:
     dump_ms, _ = best_ms(trace.model_dump_json, repeats)
     from_json_ms, _ = best_ms(lambda: TrainingTrace.from_json(data), repeats)
     validate_json_ms, _ = best_ms(lambda: TrainingTrace.model_validate_json(data), repeats)
+    as_dicts = trace.model_dump()
+    validate_ms, _ = best_ms(lambda: TrainingTrace.model_validate(as_dicts), repeats)
+    oe_validate_ms, _ = best_ms(lambda: OpenEnvTrainingTrace.model_validate(as_dicts), repeats)
     oe_validate_json_ms, _ = best_ms(lambda: OpenEnvTrainingTrace.model_validate_json(data), repeats)
     trace_tokens = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in trace.turns)
 
@@ -118,6 +121,7 @@ def run(n_turns: int, repeats: int) -> None:
         ("trace.model_dump_json", dump_ms, None),
         ("TrainingTrace.from_json (orjson)", from_json_ms, None),
         ("TrainingTrace.model_validate_json", validate_json_ms, oe_validate_json_ms),
+        ("TrainingTrace.model_validate (dicts)", validate_ms, oe_validate_ms),
     ]
     table(rows)
 

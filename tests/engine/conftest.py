@@ -1,19 +1,13 @@
 """Fixtures: the tiny model, a real engine served over HTTP on 127.0.0.1, a reference model.
 
-``server`` is shared by the whole session and must keep its base weights;
-tests that update weights or pause use ``fresh_server``. ``start_engine_process``
-runs ``python -m harness_grpo.engine`` as a subprocess on a free port.
+``served`` is shared by the whole session and must keep its base weights;
+tests that update weights or pause use ``fresh_served``. ``start_engine_process``
+runs ``python -m harness_grpo.engine`` as a subprocess on a free port (``tests.support.processes``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness_grpo.engine import EmbeddedEngine, ServerThread
 from harness_grpo.tiny_model import SERVED_MODEL_NAME, tiny_model_path
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import EngineProcess, start_engine
 
 
 class Http:
@@ -140,64 +133,14 @@ def fresh_served(tiny_path: Path) -> Iterator[tuple[EmbeddedEngine, Http]]:
     yield from _serve(tiny_path)
 
 
-class EngineProcess:
-    """``python -m harness_grpo.engine`` on a free port, with an ``Http`` client; output is kept in ``output``."""
-
-    def __init__(self, *args: str, timeout_s: float = 120.0) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness_grpo.engine", "--host", "127.0.0.1", "--port", "0", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=REPO_ROOT,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                self.stop()
-                raise TimeoutError(f"engine process not ready in {timeout_s}s:\n{''.join(self.output)}") from None
-            if line.startswith("engine ready: "):
-                self.url = line.split()[2]
-                self.http = Http(self.url)
-                return
-            if self.proc.poll() is not None and self.lines.empty():
-                raise RuntimeError(f"engine process exited with {self.proc.returncode}:\n{''.join(self.output)}")
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM, wait, and return the exit code (kills after ``timeout_s``)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout_s)
-        return self.proc.returncode
-
-
 @pytest.fixture
 def start_engine_process() -> Iterator:
-    """Factory: ``start_engine_process(*cli_args) -> EngineProcess``; all are stopped at teardown."""
+    """Factory: ``start_engine_process(*cli_args) -> EngineProcess`` (``tests.support.processes``); all are
+    stopped at teardown."""
     started: list[EngineProcess] = []
 
     def start(*args: str) -> EngineProcess:
-        process = EngineProcess(*args)
+        process = start_engine(*args)
         started.append(process)
         return process
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.engine.conftest import Http
+
 
 @pytest.mark.timeout(180)
 def test_engine_process_serves_and_limits_context(start_engine_process):
     process = start_engine_process("--model", "tiny", "--max-model-len", "64")
-    http = process.http
+    http = Http(process.url)
     status, models = http.get("/v1/models")
     assert status == 200 and models["data"][0]["max_model_len"] == 64
     assert models["data"][0]["id"] == "harness-grpo/tiny-qwen3"

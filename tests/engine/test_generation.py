@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
 import torch
 
+from harness_grpo.engine import EngineError
 from harness_grpo.tiny_model import SERVED_MODEL_NAME
+from tests.support.wait import until
 
 TOL = 1e-4
 
@@ -91,16 +92,11 @@ def test_concurrent_requests_of_different_lengths_batch_and_match(fresh_served, 
             engine.pause()
             try:
                 tasks = [asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", b)) for b in bodies]
-                deadline = time.monotonic() + 30
-                while engine.num_waiting < len(bodies):  # all four queued behind the pause
-                    assert time.monotonic() < deadline, "requests did not reach the engine"
-                    await asyncio.sleep(0.01)
+                # all four queued behind the pause
+                await until(lambda: engine.num_waiting == len(bodies), "requests did not reach the engine")
             finally:
                 engine.resume()
-            deadline = time.monotonic() + 30
-            while engine.stats.decode_steps < steps_before + 3:
-                assert time.monotonic() < deadline, "no decode steps"
-                await asyncio.sleep(0.005)
+            await until(lambda: engine.stats.decode_steps >= steps_before + 3, "no decode steps")
             tasks.append(asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", late)))
             return await asyncio.gather(*tasks)
 
@@ -227,18 +223,31 @@ def test_models_and_health(http, engine):
     assert status == 200 and health["status"] == "ok" and health["weight_version"] == card["weight_version"]
 
 
-def test_client_disconnect_cancels_generation(engine, http):
+def test_client_disconnect_cancels_generation(fresh_served, monkeypatch):
+    engine, http = fresh_served  # its own engine: the test drains it with pause(mode="wait")
+    futures = []
+    submit = engine.submit
+
+    def recording_submit(prompt_ids, params):
+        futures.append(submit(prompt_ids, params))
+        return futures[-1]
+
+    monkeypatch.setattr(engine, "submit", recording_submit)
+    # Far more tokens than the engine decodes within the deadlines below: only the disconnect ends it.
+    body = _chat_body("x", max_tokens=32000, ignore_eos=True)
+
     async def run() -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
-            with pytest.raises(TimeoutError):
-                await http.arequest(
-                    session, "POST", "/v1/chat/completions", _chat_body("x", max_tokens=20000, ignore_eos=True)
-                )
+        async with aiohttp.ClientSession() as session:
+            request = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", body))
+            await until(lambda: futures, "the request did not reach the engine")
+            await until(lambda: engine.stats.generated_tokens > 0, "no token decoded")
+            request.cancel()  # the client gives up
+            with pytest.raises(asyncio.CancelledError):
+                await request
+        await until(lambda: futures[0].cancelled(), "the engine request was not cancelled when the client left")
 
     asyncio.run(run())
-    deadline = time.monotonic() + 10
-    generated = -1
-    while engine.stats.generated_tokens != generated:  # still decoding the abandoned request
-        assert time.monotonic() < deadline, "generation went on after the client left"
-        generated = engine.stats.generated_tokens
-        time.sleep(0.2)
+    try:  # returns once no request is prefilling or decoding
+        engine.pause(mode="wait", timeout_s=30)
+    except EngineError as exc:
+        pytest.fail(f"generation went on after the client left: {exc}")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -14,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from harness_grpo.engine import EngineError
 from harness_grpo.tiny_model import SERVED_MODEL_NAME
+from tests.support.wait import until
 
 OCTET = {"Content-Type": "application/octet-stream"}
 
@@ -41,11 +40,14 @@ def perturbed_model(tiny_path) -> torch.nn.Module:
     return model
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.002)
+async def _compute_thread_round_trips(http, session: aiohttp.ClientSession) -> None:
+    """Two ``POST /pause`` (already paused: no change). Each returns once the compute thread has run a
+    no-op command between two iterations, so by the time the second returns, whatever the iteration
+    that ran the first admitted, prefilled or decoded has been counted: a paused engine that still
+    worked would show it in ``num_waiting`` and ``stats``."""
+    for _ in range(2):
+        status, health = await http.arequest(session, "POST", "/pause")
+        assert status == 200 and health["paused"] is True, health
 
 
 def _safetensors(model: torch.nn.Module) -> bytes:
@@ -100,10 +102,10 @@ def test_request_sent_while_paused_completes_after_resume(fresh_served):
             assert (await http.arequest(session, "POST", "/pause"))[1]["paused"] is True
             assert (await http.arequest(session, "GET", "/is_paused"))[1] == {"is_paused": True}
             task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", _body(ignore_eos=True)))
-            await _until(lambda: engine.num_waiting == 1)  # reached the engine, held at the door
-            await asyncio.sleep(0.2)
-            assert not task.done() and engine.num_waiting == 1
-            assert engine.stats.prefill_tokens == 0
+            await until(lambda: engine.num_waiting == 1, "the request did not reach the engine")  # held at the door
+            await _compute_thread_round_trips(http, session)
+            assert engine.num_waiting == 1 and engine.stats.prefill_tokens == 0
+            assert not task.done()
             assert (await http.arequest(session, "POST", "/resume"))[1]["paused"] is False
             status, response = await asyncio.wait_for(task, 30)
             assert status == 200 and len(response["choices"][0]["token_ids"]) == 12
@@ -119,15 +121,16 @@ def test_pause_keep_freezes_in_flight_request_across_an_update(fresh_served, per
             task = asyncio.create_task(
                 http.arequest(session, "POST", "/v1/chat/completions", _body(max_tokens=400, ignore_eos=True))
             )
-            await _until(lambda: engine.stats.generated_tokens > 0)
-            await http.arequest(session, "POST", "/pause?mode=keep")
+            await until(lambda: engine.stats.generated_tokens > 0, "no token decoded")
+            status, health = await http.arequest(session, "POST", "/pause?mode=keep")
+            assert status == 200 and health["paused"] is True, health
             frozen = engine.stats.generated_tokens
-            await asyncio.sleep(0.3)
-            assert engine.stats.generated_tokens == frozen and not task.done()
             status, answer = await http.arequest(
                 session, "POST", "/update_weights", data=_safetensors(perturbed_model), headers=OCTET
             )
             assert (status, answer) == (200, {"weight_version": 1})
+            await _compute_thread_round_trips(http, session)
+            assert engine.stats.generated_tokens == frozen and not task.done()
             await http.arequest(session, "POST", "/resume")
             return await asyncio.wait_for(task, 60)
 
@@ -142,7 +145,7 @@ def test_pause_wait_drains_in_flight_requests(fresh_served):
         async with aiohttp.ClientSession() as session:
             body = _body(max_tokens=200, ignore_eos=True)
             task = asyncio.create_task(http.arequest(session, "POST", "/v1/chat/completions", body))
-            await _until(lambda: engine.stats.generated_tokens > 0)
+            await until(lambda: engine.stats.generated_tokens > 0, "no token decoded")
             status, health = await http.arequest(session, "POST", "/pause?mode=wait")
             assert status == 200 and health["paused"] is True
             assert engine.stats.generated_tokens == 200  # the pause answered after the request was drained

@@ -1,4 +1,8 @@
-"""The real proxy in front of the fake vLLM-like engine, both on 127.0.0.1, for tests."""
+"""The real proxy in front of the fake vLLM-like engine, both on 127.0.0.1, for tests.
+
+The control plane is driven through ``proxy.client.ProxyAdminClient``, as trainers drive it; the
+agent plane through aiohttp, as agents do.
+"""
 
 from __future__ import annotations
 
@@ -11,36 +15,50 @@ from typing import Any
 import aiohttp
 
 from bench.fake_vllm import FakeVLLM
+from proxy.client import ProxyAdminClient
 from proxy.server import CaptureProxy, ProxyConfig
 
 
 @dataclass
 class Stack:
-    engine: FakeVLLM
-    proxy: CaptureProxy
+    """One running stack: the fake engine (None when it runs as a process), the proxy's URL, an HTTP
+    session for the agent plane, and the control plane through ``ProxyAdminClient``."""
+
+    engine: FakeVLLM | None
     url: str
     http: aiohttp.ClientSession
+    admin_key: str
+    proxy: CaptureProxy | None = None
 
     @property
-    def admin(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.proxy.admin_key}"}
+    def admin(self) -> ProxyAdminClient:
+        """The blocking control-plane client; from the stack's loop, call it through ``asyncio.to_thread``
+        (the proxy answers on this same loop)."""
+        return ProxyAdminClient(self.url, self.admin_key, timeout_s=60)
 
-    async def create_session(self, **body: Any) -> str:
-        async with self.http.post(f"{self.url}/sessions", json=body, headers=self.admin) as resp:
-            data = await resp.json()
-            assert resp.status == 201, data
-            return data["api_key"]
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """For tests of the control plane's raw HTTP behaviour (auth, status codes)."""
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
+    async def create_session(self, **config: Any) -> str:
+        return await asyncio.to_thread(self.admin.create_session, **config)
+
+    async def describe(self, key: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.admin.describe, key)
+
+    async def trace(self, key: str) -> dict[str, Any]:
+        """The session's trace (validated by the client) as plain data."""
+        return (await asyncio.to_thread(self.admin.trace, key)).model_dump()
+
+    async def sequences(self, key: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.admin.sequences, key)
 
     async def chat(self, key: str, messages: list[dict], **extra: Any) -> tuple[int, dict]:
         body = {"model": "any", "messages": messages, **extra}
         headers = {"Authorization": f"Bearer {key}"}
         async with self.http.post(f"{self.url}/v1/chat/completions", json=body, headers=headers) as resp:
             return resp.status, await resp.json()
-
-    async def trace(self, key: str) -> dict:
-        async with self.http.get(f"{self.url}/sessions/{key}/trace", headers=self.admin) as resp:
-            assert resp.status == 200, await resp.text()
-            return await resp.json()
 
 
 def run_stack(
@@ -62,7 +80,7 @@ def run_stack(
         port = await proxy.start()
         try:
             async with aiohttp.ClientSession() as http:
-                await fn(Stack(engine, proxy, f"http://127.0.0.1:{port}", http))
+                await fn(Stack(engine, f"http://127.0.0.1:{port}", http, proxy.admin_key, proxy))
         finally:
             await proxy.stop()
             await engine.stop()

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
+import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
+from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.server import BUDGET_EXHAUSTED_TEXT as BUDGET_TEXT
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.processes import ReadyProcess
+from tests.support.wait import until
 
 
 def _assert_trace_matches(trace: dict, replies: list[dict]) -> None:
@@ -37,9 +35,7 @@ def test_multi_turn_capture_is_exact_and_one_path(tmp_path: Path) -> None:
         replies = await agent_turns(stack, key, 6)
         trace = await stack.trace(key)
         _assert_trace_matches(trace, replies)
-        async with stack.http.get(f"{stack.url}/sessions/{key}/sequences", headers=stack.admin) as resp:
-            sequences = (await resp.json())["sequences"]
-        assert len(sequences) == 1
+        assert len(await stack.sequences(key)) == 1
         for turn in trace["turns"]:
             n = len(turn["prompt_token_ids"])
             assert turn["loss_mask"][:n] == [0] * n
@@ -65,7 +61,7 @@ def test_keys_and_admin(tmp_path: Path) -> None:
             assert resp.status == 401 and err["type"] == "error" and err["error"]["type"] == "authentication_error"
         key = await stack.create_session(session_id="my-run.0", purpose="eval")
         assert key == "my-run.0"
-        async with stack.http.get(f"{stack.url}/sessions", headers=stack.admin) as resp:
+        async with stack.http.get(f"{stack.url}/sessions", headers=stack.admin_headers) as resp:  # no client method
             assert [s["id"] for s in (await resp.json())["sessions"]] == ["my-run.0"]
 
     run_stack(body, tmp_path)
@@ -85,7 +81,7 @@ def test_policy_refusals_and_budget(tmp_path: Path) -> None:
             status, _reply = await stack.chat(key, msgs, temperature=0.1)
             assert status == 200
         status, reply = await stack.chat(key, msgs)
-        assert status == 200 and reply["choices"][0]["message"]["content"] == "Step budget exhausted; stopping."
+        assert status == 200 and reply["choices"][0]["message"]["content"] == BUDGET_TEXT
         trace = await stack.trace(key)
         assert len(trace["turns"]) == 2
         assert trace["turns"][0]["metadata"]["requested_sampling_params"] == {"temperature": 0.1}
@@ -122,11 +118,16 @@ def test_upstream_faults_become_dialect_errors_and_record_nothing(tmp_path: Path
 def test_upstream_timeout(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session()
-        stack.engine.faults = [("delay", 5.0)]
-        started = time.monotonic()
-        status, err = await stack.chat(key, [{"role": "user", "content": "hi"}])
+        probes = stack.engine.calls  # the proxy probes the engine when the first session is created
+        stack.engine.faults = [("hold", asyncio.Event())]  # never answers: only the proxy's timeout ends the call
+        # The bound is far above upstream_timeout_s: it only keeps a proxy that never times out from hanging.
+        try:
+            status, err = await asyncio.wait_for(stack.chat(key, [{"role": "user", "content": "hi"}]), 60)
+        except TimeoutError:
+            pytest.fail("the proxy waited on the engine past its 0.5 s upstream timeout")
         assert status == 504 and "timed out" in err["error"]["message"]
-        assert time.monotonic() - started < 3
+        await until(lambda: stack.engine.cancelled == 1, "the proxy did not drop the engine call it gave up on")
+        assert stack.engine.calls == probes + 1  # upstream_retries=0: not retried
         assert len((await stack.trace(key))["turns"]) == 0
 
     run_stack(body, tmp_path, upstream_timeout_s=0.5, upstream_retries=0)
@@ -135,15 +136,15 @@ def test_upstream_timeout(tmp_path: Path) -> None:
 def test_client_disconnect_cancels_upstream_and_records_nothing(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session()
-        for stream in (False, True):
-            stack.engine.faults = [("delay", 3.0)]
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(stack.chat(key, [{"role": "user", "content": "hi"}], stream=stream), 0.5)
-            for _ in range(40):
-                if stack.engine.cancelled == (2 if stream else 1):
-                    break
-                await asyncio.sleep(0.05)
-            assert stack.engine.cancelled == (2 if stream else 1)
+        probes = stack.engine.calls  # the proxy probes the engine when the first session is created
+        for n, stream in enumerate((False, True), start=1):
+            stack.engine.faults = [("hold", asyncio.Event())]  # never answers: only a cancellation ends the call
+            call = asyncio.create_task(stack.chat(key, [{"role": "user", "content": "hi"}], stream=stream))
+            await until(lambda n=n: stack.engine.calls == probes + n, "the call did not reach the engine")
+            call.cancel()  # the agent goes away
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await until(lambda n=n: stack.engine.cancelled == n, "the engine call was not cancelled")
         assert len((await stack.trace(key))["turns"]) == 0
 
     run_stack(body, tmp_path, keepalive_s=0.1)
@@ -152,14 +153,28 @@ def test_client_disconnect_cancels_upstream_and_records_nothing(tmp_path: Path) 
 def test_streaming_keepalive_and_replay(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session()
-        stack.engine.faults = [("delay", 0.5)]
+        engine_done = asyncio.Event()
+        stack.engine.faults = [("hold", engine_done)]
         payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "tools": TOOLS}
         headers = {"Authorization": f"Bearer {key}"}
+        lines: list[bytes] = []
+
+        async def read_until_two_keepalives() -> None:
+            while lines.count(b": keepalive\n") < 2:
+                line = await resp.content.readline()
+                assert line, f"the stream ended before two keepalives: {lines}"
+                lines.append(line)
+
         async with stack.http.post(f"{stack.url}/v1/chat/completions", json=payload, headers=headers) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
-            raw = (await resp.read()).decode()
-        assert raw.count(": keepalive") >= 2
-        assert raw.rstrip().endswith("data: [DONE]")
+            try:  # while the engine still holds the call
+                await asyncio.wait_for(read_until_two_keepalives(), 30)
+            except TimeoutError:
+                pytest.fail(f"fewer than two keepalives in 30 s while the engine worked: {lines}")
+            assert len((await stack.trace(key))["turns"]) == 0  # nothing recorded before the engine answered
+            engine_done.set()
+            raw = b"".join(lines) + await resp.content.read()
+        assert raw.decode().rstrip().endswith("data: [DONE]")
         assert len((await stack.trace(key))["turns"]) == 1
 
     run_stack(body, tmp_path, keepalive_s=0.1)
@@ -200,77 +215,53 @@ def test_bad_bodies_get_clear_4xx(tmp_path: Path) -> None:
     run_stack(body, tmp_path, max_body_bytes=200_000)
 
 
-def _start(cmd: list[str], pattern: str) -> tuple[subprocess.Popen, str]:
-    """Start ``cmd`` and return it with the address on its first output line holding ``pattern`` (30 s)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    deadline = time.monotonic() + 30
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            line = lines.get(timeout=left)
-        except queue.Empty:
-            break
-        if pattern in line:
-            return proc, line.split("http://")[1].split()[0]
-    proc.kill()
-    raise RuntimeError(f"{cmd} did not print {pattern!r} within 30 s")
+FAKE_VLLM_READY = re.compile(r"fake vLLM on (http://\S+)")
+PROXY_READY = re.compile(r"proxy listening on (http://\S+)")
 
 
 def test_sigkill_and_restart_serves_same_traces(tmp_path: Path) -> None:
-    engine, engine_addr = _start([sys.executable, "bench/fake_vllm.py"], "fake vLLM on")
-    proxy_cmd = [
-        sys.executable,
-        "-m",
-        "proxy",
-        "--engine-url",
-        f"http://{engine_addr}",
-        "--journal-dir",
-        str(tmp_path),
-        "--port",
-        "0",
-        "--admin-key",
-        "adm",
-    ]
-    try:
-        proxy, addr = _start(proxy_cmd, "proxy listening")
+    with ReadyProcess([sys.executable, "bench/fake_vllm.py"], FAKE_VLLM_READY, timeout_s=30) as engine:
+        proxy_cmd = [sys.executable, "-m", "proxy", "--engine-url", engine.match.group(1)]
+        proxy_cmd += ["--journal-dir", str(tmp_path), "--port", "0", "--admin-key", "adm"]
 
-        async def drive() -> tuple[list[str], dict[str, dict]]:
+        async def drive(url: str) -> tuple[list[str], dict[str, dict]]:
             async with aiohttp.ClientSession() as http:
-                stack = Stack(None, type("P", (), {"admin_key": "adm"})(), f"http://{addr}", http)  # type: ignore[arg-type]
+                stack = Stack(None, url, http, "adm")
                 keys = [await stack.create_session() for _ in range(3)]
                 await asyncio.gather(*(agent_turns(stack, k, 3) for k in keys))
                 return keys, {k: await stack.trace(k) for k in keys}
 
-        keys, before = asyncio.run(drive())
-        os.kill(proxy.pid, signal.SIGKILL)
-        proxy.wait()
-        proxy, addr = _start(proxy_cmd, "proxy listening")
-
-        async def fetch() -> dict[str, dict]:
+        async def fetch(url: str, keys: list[str]) -> dict[str, dict]:
             async with aiohttp.ClientSession() as http:
-                stack = Stack(None, type("P", (), {"admin_key": "adm"})(), f"http://{addr}", http)  # type: ignore[arg-type]
+                stack = Stack(None, url, http, "adm")
                 traces = {k: await stack.trace(k) for k in keys}
                 await agent_turns(stack, keys[0], 1)  # a recovered session keeps capturing
                 return traces
 
-        assert asyncio.run(fetch()) == before
-        proxy.terminate()
-        proxy.wait(10)
-    finally:
-        for p in (engine, locals().get("proxy")):
-            if p is not None and p.poll() is None:
-                p.kill()
+        with ReadyProcess(proxy_cmd, PROXY_READY, timeout_s=30) as proxy:
+            keys, before = asyncio.run(drive(proxy.match.group(1)))
+            assert proxy.kill() == -signal.SIGKILL
+        with ReadyProcess(proxy_cmd, PROXY_READY, timeout_s=30) as proxy:
+            assert asyncio.run(fetch(proxy.match.group(1), keys)) == before
 
 
 def test_concurrent_calls_of_one_session_cannot_overrun_its_budget(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session(max_model_calls=2)
-        stack.engine.faults = [("delay", 0.3)] * 2
+        probes = stack.engine.calls  # the proxy probes the engine when the first session is created
+        engine_done = asyncio.Event()
+        stack.engine.faults = [("hold", engine_done)] * 2
         msgs = [{"role": "user", "content": "hi"}]
-        replies = await asyncio.gather(*(stack.chat(key, msgs) for _ in range(5)))
+        calls = [asyncio.create_task(stack.chat(key, msgs)) for _ in range(5)]
+        # While the engine holds two calls, the other three are answered by the budget, not the engine.
+        await until(lambda: sum(c.done() for c in calls) == 3, "three calls were not answered while two ran")
+        assert stack.engine.calls == probes + 2
+        early = [c.result() for c in calls if c.done()]
+        assert all(status == 200 and r["choices"][0]["message"]["content"] == BUDGET_TEXT for status, r in early)
+        engine_done.set()
+        replies = await asyncio.gather(*calls)
         assert all(status == 200 for status, _ in replies)
-        budget = [r for _, r in replies if r["choices"][0]["message"]["content"] == "Step budget exhausted; stopping."]
+        budget = [r for _, r in replies if r["choices"][0]["message"]["content"] == BUDGET_TEXT]
         assert len(budget) == 3
         assert len((await stack.trace(key))["turns"]) == 2
 
@@ -279,16 +270,15 @@ def test_concurrent_calls_of_one_session_cannot_overrun_its_budget(tmp_path: Pat
 
 def test_control_plane_and_odd_bodies_get_answers_in_the_callers_dialect(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        async with stack.http.post(f"{stack.url}/sessions", json={"session_id": "s-dup"}, headers=stack.admin) as resp:
-            assert resp.status == 201
-        async with stack.http.post(f"{stack.url}/sessions", json={"session_id": "s-dup"}, headers=stack.admin) as resp:
-            assert resp.status == 409 and "s-dup" in (await resp.json())["error"]["message"]
+        assert await stack.create_session(session_id="s-dup") == "s-dup"
+        with pytest.raises(ProxyClientError) as duplicate:
+            await stack.create_session(session_id="s-dup")
+        assert duplicate.value.status == 409 and "s-dup" in str(duplicate.value)
         with socket.socket() as closed_port:  # bound, never listening: connections are refused
             closed_port.bind(("127.0.0.1", 0))
-            unreachable = {"llm_url": f"http://127.0.0.1:{closed_port.getsockname()[1]}"}
-            async with stack.http.post(f"{stack.url}/sessions", json=unreachable, headers=stack.admin) as resp:
-                error = await resp.json()
-                assert resp.status == 502 and "engine probe failed" in error["error"]["message"], error
+            with pytest.raises(ProxyClientError) as unreachable:
+                await stack.create_session(llm_url=f"http://127.0.0.1:{closed_port.getsockname()[1]}")
+        assert unreachable.value.status == 502 and "engine probe failed" in str(unreachable.value)
         key = await stack.create_session()
         msgs = [{"role": "user", "content": "hi"}]
         status, error = await stack.chat(key, msgs, max_tokens="5")
@@ -306,17 +296,14 @@ def test_control_plane_and_odd_bodies_get_answers_in_the_callers_dialect(tmp_pat
 def test_the_proxy_model_setting_names_the_served_model(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         key = await stack.create_session()
-        async with stack.http.get(f"{stack.url}/sessions/{key}", headers=stack.admin) as resp:
-            assert (await resp.json())["model"] == "served-as-this"
+        assert (await stack.describe(key))["model"] == "served-as-this"
 
     run_stack(body, tmp_path, model="served-as-this")
 
 
 def test_the_blocking_admin_client_covers_the_control_plane(tmp_path: Path) -> None:
-    from proxy.client import ProxyAdminClient, ProxyClientError
-
     async def body(stack: Stack) -> None:
-        client = ProxyAdminClient(stack.url, stack.proxy.admin_key, timeout_s=10)
+        client = ProxyAdminClient(stack.url, stack.admin_key, timeout_s=10)
         key = await asyncio.to_thread(client.create_session, max_model_calls=3, metadata={"episode": 1})
         await agent_turns(stack, key, 2)
         described = await asyncio.to_thread(client.describe, key)
