@@ -77,7 +77,9 @@ def test_a_trace_without_links_is_rebuilt_to_the_same_sequences(tmp_path: Path) 
 def test_a_link_that_is_not_a_token_prefix_is_not_trusted(tmp_path: Path) -> None:
     trace, _ = _session(tmp_path)
     child = next(t for t in trace.turns if t.metadata["parent_id"] is not None)
-    other_root = next(t for t in trace.turns if t.metadata["parent_id"] is None and t.node_id != child.metadata["parent_id"])
+    other_root = next(
+        t for t in trace.turns if t.metadata["parent_id"] is None and t.node_id != child.metadata["parent_id"]
+    )
     lying = TrainingTrace.model_validate(
         {
             "turns": [
