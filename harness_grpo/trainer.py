@@ -130,6 +130,11 @@ class HarnessAsyncGRPOTrainer:
         set_seed(args.seed)
         if harness_adapter is not None and not isinstance(harness_adapter, HarnessAdapter):
             raise TypeError(f"harness_adapter {type(harness_adapter).__name__} has no run_white_box method")
+        if weight_sync is not None and not isinstance(weight_sync, WeightSync):
+            missing = [name for name in ("version", "sync", "close") if not hasattr(weight_sync, name)]
+            raise TypeError(
+                f"weight_sync {type(weight_sync).__name__} is not a WeightSync: missing {', '.join(missing)}"
+            )
         self.sampling = args.sampling_policy()
         factory = harness_session_factory(sampling=dict(self.sampling))
         check_factory(factory, harness_session_factory)

@@ -52,7 +52,7 @@ def _run(seed: int, output_dir: Path) -> list[float]:
     )
     trainer = HarnessAsyncGRPOTrainer(str(submit_task.task_model_path()), factory, args, submit_task.dataset())
     trainer.train()
-    return [entry["rollout/correctness_mean"] for entry in trainer.state.log_history]
+    return [entry["rewards/harness_reward/mean"] for entry in trainer.state.log_history]  # the verifier's reward
 
 
 @pytest.mark.slow
