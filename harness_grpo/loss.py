@@ -11,9 +11,10 @@ Per trained token t of a row with advantage A (eps_high defaults to eps):
     l_t   = -min(r_t * A, clip(r_t, 1 - eps, 1 + eps_high) * A) * is_t  +  beta * k3(ref_t, logp_t)
     L     = sum_rows weight * sum_t mask_t * l_t / normalizer
 
-`weight` and `normalizer` come from `harness_grpo.rows` (default: each rollout counts once, L is the
-mean over rollouts of per-rollout token means). The normalizer is the whole optimizer step's, so
-micro-batch losses are summed, never averaged (no 1/GA factor). Under data parallelism every rank
+`weight` and `normalizer` come from `harness_grpo.rows` (default: every trained token of the step
+weighs the same and L is their mean; `loss_weighting="rollout"`: each rollout counts once). The
+normalizer is the whole optimizer step's, so micro-batch losses are summed, never averaged (no 1/GA
+factor). Under data parallelism every rank
 uses the global normalizer and multiplies its loss by the world size, since DDP/FSDP average
 gradients over ranks (``harness_grpo.distributed.loss_scale``).
 
