@@ -2,12 +2,18 @@
 
 It extends ``transformers.TrainingArguments``, so ``output_dir``,
 ``learning_rate``, ``lr_scheduler_type``, ``max_steps``, ``logging_steps``,
-``save_steps``, ``report_to``, ``seed``, ``bf16`` ... behave as in any
+``save_steps``, ``report_to``, ``seed``, ``optim``, ``bf16`` ... behave as in any
 Hugging Face trainer and parse from flags or YAML through ``HfArgumentParser``.
+A ``TrainingArguments`` setting the trainer does not honour (an eval loop,
+``per_device_train_batch_size``, DeepSpeed ...) is refused here, at construction,
+with a ``ValueError`` naming it: ``harness_grpo.training_args`` lists what is
+honoured and how.
 
 Defaults follow TRL's async GRPO where it has the same setting: ``learning_rate``
 1e-6, a ``constant`` schedule (forks and dropped groups make the number of
-samples per step unknowable), ``logging_steps`` 1, token-level loss weighting.
+samples per step unknowable), ``logging_steps`` 1, token-level loss weighting;
+``logging_first_step`` is on and ``train_sampling_strategy`` is ``sequential``
+(rows are walked in order).
 ``max_steps`` is optional: without it a run is ``num_train_epochs`` passes
 over the dataset, ``ceil(epochs * rows / groups_per_step)`` steps.
 
@@ -16,7 +22,7 @@ of ``num_generations`` rollouts of one dataset row each. A rollout becomes one
 or more rows (one per training sequence of its trace); rows are packed into
 micro-batches of at most ``max_tokens_per_microbatch`` tokens, and gradients
 accumulate over all of a step's micro-batches, so ``per_device_train_batch_size``
-and ``gradient_accumulation_steps`` are not used to size steps.
+and ``gradient_accumulation_steps`` do not size steps (and are refused when set).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
+
+from harness_grpo.training_args import check_optim_name, check_training_args
 
 
 @dataclass
@@ -37,6 +45,13 @@ class HarnessGRPOConfig(TrainingArguments):
         default="constant", metadata={"help": "Learning-rate schedule; constant by default (TRL's async GRPO)."}
     )
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
+    logging_first_step: bool = field(
+        default=True, metadata={"help": "Log the first step too: its reward is the baseline a run is read against."}
+    )
+    train_sampling_strategy: str = field(
+        default="sequential",
+        metadata={"help": "Rows are walked in dataset order; only 'sequential' (shuffle the dataset yourself)."},
+    )
 
     # --- rollouts ---------------------------------------------------------------------------------------------------
     num_generations: int = field(default=8, metadata={"help": "Rollouts per dataset row (the GRPO group size)."})
@@ -135,6 +150,9 @@ class HarnessGRPOConfig(TrainingArguments):
         # unless use_cpu is set, which would leave every torchrun rank training alone.
         if not self.use_cpu and not torch.cuda.is_available():
             self.use_cpu = True
+        # Before TrainingArguments' own checks and derived values, so that the error names what was set.
+        check_optim_name(self.optim)
+        check_training_args(self)
         super().__post_init__()
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: GRPO compares rollouts of one task")

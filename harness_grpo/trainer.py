@@ -16,9 +16,19 @@ verifier's ``env_reward``; a rollout that failed to run is None, i.e. unscorable
 with None excluded; rows from each scored rollout's trace along the capture graph the proxy built
 (``sequences_from_trace`` → ``rollout_rows``); pack; clipped surrogate + token IS; one optimizer
 step; every ``weight_sync_steps`` push the weights to the engine and bump the policy version.
-Metrics go to ``report_to`` through transformers' reporting callbacks and to a rich progress line;
+
+The loop is transformers' ``Trainer`` loop where it can be: ``TrainingArguments`` settings are
+checked and turned into the optimizer, schedule, precision and checkpointing by
+``harness_grpo.training_args`` (which lists what is honoured and refuses the rest); the state is a
+``TrainerState``; ``CallbackHandler`` fires every ``TrainerCallback`` event the loop has
+(``on_init_end``, ``on_train_begin``, ``on_epoch_begin``/``on_epoch_end`` per pass over the
+dataset, ``on_step_begin``, ``on_substep_end`` after each micro-batch but the last,
+``on_pre_optimizer_step``, ``on_optimizer_step``, ``on_step_end``, ``on_log``, ``on_save``,
+``on_push_begin``, ``on_train_end``); ``DefaultFlowCallback`` and user callbacks decide through
+``TrainerControl`` when to log, save and stop (rank 0's decision holds on every rank). Metrics go
+to ``report_to`` through transformers' reporting callbacks and to a rich progress line;
 checkpoints (``harness_grpo.checkpoints``) hold model, optimizer, scheduler, RNG, dataset position
-and policy version.
+and policy version; ``push_to_hub`` pushes them and the final model (``harness_grpo.hub``).
 """
 
 from __future__ import annotations
@@ -36,12 +46,13 @@ from accelerate import Accelerator
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainerCallback, get_scheduler, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainerCallback
 from transformers.integrations import get_reporting_integration_callbacks
-from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl, TrainerState
+from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl
+from transformers.utils import logging as hf_logging
 
 from harness_grpo.advantages import group_advantages, group_metrics
-from harness_grpo.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from harness_grpo.checkpoints import HarnessTrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from harness_grpo.config import HarnessGRPOConfig
 from harness_grpo.distributed import (
     broadcast_from_main,
@@ -52,6 +63,7 @@ from harness_grpo.distributed import (
     shard_rows,
 )
 from harness_grpo.engine.embedded import resolve_model
+from harness_grpo.hub import HubPusher
 from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
@@ -61,6 +73,14 @@ from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.services import TrainerServices
 from harness_grpo.session_protocol import TrainerBoundSessionFactory, check_factory
+from harness_grpo.training_args import (
+    accelerator_kwargs,
+    check_training_args,
+    create_optimizer,
+    create_scheduler,
+    enable_activation_checkpointing,
+    seed_everything,
+)
 from harness_grpo.weight_transports import WeightSync
 from harness_grpo.white_box import HarnessAdapter, WhiteBoxSessionFactory
 from proxy.capture_graph import sequences_from_trace
@@ -99,7 +119,8 @@ class HarnessAsyncGRPOTrainer:
     ``rollout_reward_fn``: ``HarnessRolloutOutcome -> float | None``; default: the verifier's ``env_reward``.
     ``harness_adapter``: None for loop-owning agents; else the white-box tool loop that runs each
     rollout through the proxy (``harness_grpo.white_box``), the factory's sessions being its environment.
-    ``processing_class``: the tokenizer (default: the model's). ``callbacks``: ``TrainerCallback``s.
+    ``processing_class``: the tokenizer (default: the model's). ``callbacks``: ``TrainerCallback``s
+    (classes or instances), after transformers' ``DefaultFlowCallback`` and the ``report_to`` ones.
     ``weight_sync``: the weight transport (``harness_grpo.weight_transports``); default: in-process to the
     embedded engine, or chosen from the engine at ``vllm_server_base_url``.
 
@@ -124,10 +145,12 @@ class HarnessAsyncGRPOTrainer:
         if args is None:
             name = model if isinstance(model, str) else getattr(model, "name_or_path", "model")
             args = HarnessGRPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-HarnessGRPO")
+        check_training_args(args)  # again: args may have changed since their construction
         if train_dataset is None or len(train_dataset) == 0:
             raise ValueError("train_dataset is empty: it needs one row per task, each with a 'prompt'")
         self.args = args
-        set_seed(args.seed)
+        seed_everything(args)
+        hf_logging.set_verbosity(args.get_process_log_level())
         if harness_adapter is not None and not isinstance(harness_adapter, HarnessAdapter):
             raise TypeError(f"harness_adapter {type(harness_adapter).__name__} has no run_white_box method")
         if weight_sync is not None and not isinstance(weight_sync, WeightSync):
@@ -162,25 +185,14 @@ class HarnessAsyncGRPOTrainer:
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # Under `accelerate launch` / torchrun this joins the process group and applies the launch's
         # FSDP2 / DDP settings; in one process it only picks the device.
-        self.accelerator = Accelerator(cpu=args.use_cpu or not torch.cuda.is_available())
+        self.accelerator = Accelerator(**accelerator_kwargs(args))
         self.device = self.accelerator.device
         self.is_main = self.accelerator.is_main_process
-        optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_epsilon,
-            weight_decay=args.weight_decay,
-        )
+        enable_activation_checkpointing(args, self.model)
+        optimizer = create_optimizer(args, self.model)
         self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer)
         # Not prepared: accelerate would step a prepared scheduler once per process.
-        self.lr_scheduler = get_scheduler(
-            args.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=args.get_warmup_steps(self.max_steps),
-            num_training_steps=self.max_steps,
-            scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
-        )
+        self.lr_scheduler = create_scheduler(args, optimizer, self.max_steps)
         self.accelerator.register_for_checkpointing(self.lr_scheduler)
         self.loss_config = LossConfig(
             epsilon=args.epsilon,
@@ -193,11 +205,13 @@ class HarnessAsyncGRPOTrainer:
         if args.beta > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
             self.reference.requires_grad_(False).to(self.device)
-        self.state = TrainerState(
-            max_steps=self.max_steps, logging_steps=args.logging_steps, save_steps=args.save_steps
+        self.state = HarnessTrainerState(
+            max_steps=self.max_steps,
+            num_train_epochs=math.ceil(self.max_steps * args.groups_per_step / len(train_dataset)),
+            is_world_process_zero=self.is_main,
+            is_local_process_zero=self.accelerator.is_local_main_process,
         )
-        self.state.is_world_process_zero = self.is_main
-        self.state.is_local_process_zero = self.accelerator.is_local_main_process
+        self.state.compute_steps(args, self.max_steps)
         self.control = TrainerControl()
         self.callback_handler = CallbackHandler(
             [DefaultFlowCallback, *get_reporting_integration_callbacks(args.report_to), *(callbacks or [])],
@@ -206,11 +220,11 @@ class HarnessAsyncGRPOTrainer:
             self.optimizer,
             self.lr_scheduler,
         )
+        self.hub = HubPusher(args) if args.push_to_hub and self.is_main else None
         self.injected_weight_sync = weight_sync
         self.services: TrainerServices | None = None
-        self.policy_version = 0
-        self.dataset_position = 0
-        self.dropped_stale = 0
+        self._last_logged_step = self._last_saved_step = -1
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     @property
     def weight_sync(self) -> WeightSync | None:
@@ -224,7 +238,7 @@ class HarnessAsyncGRPOTrainer:
             model_path=self.model_path,
             is_main=self.is_main,
             needs_proxy=self.uses_own_proxy,
-            policy_version=self.policy_version,
+            policy_version=self.state.policy_version,
             weight_sync=self.injected_weight_sync,
         )
         if self.is_main and self.uses_own_proxy:
@@ -242,37 +256,39 @@ class HarnessAsyncGRPOTrainer:
         if self.services is not None:
             self.services.stop()
 
-    def _producer(self) -> RolloutProducer:
+    def _start_producer(self) -> RolloutProducer:
+        """Rank 0: the rollout producer, producing on the service loop from the dataset position on."""
         args = self.args
-        return RolloutProducer(
+        assert self.services is not None and self.services.loop is not None
+        producer = RolloutProducer(
             self.session_factory,
             self.train_dataset,
             num_generations=args.num_generations,
             max_concurrent_rollouts=args.max_concurrent_rollouts,
             max_groups_ahead=max(args.groups_per_step * 2, args.max_concurrent_rollouts // args.num_generations),
             rollout_timeout_s=args.rollout_timeout_s,
-            policy_version=lambda: self.policy_version,
-            start_position=self.dataset_position,
+            policy_version=lambda: self.state.policy_version,
+            start_position=self.state.dataset_position,
             seed=args.seed,
             roles=args.train_roles,
             sampling=self.sampling,
         )
+        producer.start(self.services.loop.loop)
+        return producer
 
     # --- training -------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> dict[str, float]:
-        """Run ``max_steps`` steps; returns the last step's metrics (on rank 0; other ranks: {}).
+        """Run to ``max_steps`` (or until a callback stops it); returns the last step's metrics (rank 0; others {}).
 
-        ``resume_from_checkpoint``: a checkpoint path, or True for the last one in ``output_dir``
-        (default: ``args.resume_from_checkpoint``)."""
+        ``resume_from_checkpoint``: a checkpoint path, or True (or ``"true"``) for the last one in
+        ``output_dir``; default: ``args.resume_from_checkpoint``."""
         args = self.args
-        if resume_from_checkpoint is None:
-            resume_from_checkpoint = args.resume_from_checkpoint
-        checkpoint = (
-            latest_checkpoint(args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint or None
-        )
-        if checkpoint:
-            load_checkpoint(self, Path(checkpoint))
+        checkpoint = self._checkpoint_to_resume(resume_from_checkpoint)
+        if checkpoint is not None:
+            load_checkpoint(self, checkpoint)
+            if args.ignore_data_skip:  # restart the current pass over the dataset, as Trainer restarts its epoch
+                self.state.dataset_position -= self.state.dataset_position % len(self.train_dataset)
             if self.is_main:
                 console.print(f"resumed from {checkpoint} at step {self.state.global_step}")
         torch_threads = torch.get_num_threads()
@@ -280,57 +296,46 @@ class HarnessAsyncGRPOTrainer:
             torch.set_num_threads(1)  # the embedded engine, proxy and agents share these cores (restored at the end)
         producer = None
         last: dict[str, float] = {}
-        dropped_before = self.dropped_stale
+        self._dropped_before = self.state.dropped_groups
         self._progress = _progress_bar(disable=args.disable_tqdm or not self.is_main)
         self._progress_task = self._progress.add_task(
             "training", total=self.max_steps, completed=self.state.global_step, status=""
         )
         try:
             self._start_services()
-            producer = self._producer() if self.is_main else None
+            if self.hub is not None:
+                self.hub.create_repo()
             self._progress.start()
-            if checkpoint:  # a fresh engine holds the base weights; give it the checkpoint's
-                self.policy_version = self.weight_sync.sync(self.model)
-            self.callback_handler.on_train_begin(args, self.state, self.control)
-            if producer is not None:
-                assert self.services is not None and self.services.loop is not None
-                producer.start(self.services.loop.loop)
-            while self.state.global_step < self.max_steps:
-                started = time.monotonic()
-                shared = None
-                if producer is not None:
-                    groups = producer.take(
-                        args.groups_per_step,
-                        current_version=self.policy_version,
-                        max_staleness=args.max_staleness,
-                        timeout_s=args.rollout_timeout_s * 2 + 60,
-                    )
-                    self.dropped_stale = dropped_before + producer.dropped_stale
-                    rows, metrics = self._rows_and_metrics(groups)
-                    if args.log_completions:
-                        self._print_sample(groups)
-                    shared = (rows, metrics, max(g.row_index for g in groups) + 1, self.dropped_stale)
-                rows, metrics, self.dataset_position, self.dropped_stale = broadcast_from_main(shared)
-                metrics.update(self._optimize(rows))
-                self.state.global_step += 1
-                self.state.epoch = self.dataset_position / len(self.train_dataset)
-                if self.state.global_step % args.weight_sync_steps == 0:
-                    sync_started = time.monotonic()
-                    self.policy_version = self.weight_sync.sync(self.model)
-                    metrics["weight_sync_time_s"] = time.monotonic() - sync_started
-                metrics["policy_version"] = float(self.policy_version)
-                metrics["step_time_s"] = time.monotonic() - started
+            if checkpoint is not None:  # a fresh engine holds the base weights; give it the checkpoint's
+                self.state.policy_version = self.weight_sync.sync(self.model)
+            self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+            producer = self._start_producer() if self.is_main else None
+            epoch, epoch_open = int(self.state.epoch), False
+            metrics: dict[str, float] = {}
+            while self.state.global_step < self.max_steps and not self.control.should_training_stop:
+                if not epoch_open:
+                    self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+                    epoch_open = True
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                metrics = self._step(producer)
                 last = metrics if self.is_main else {}
-                self._progress.update(
-                    self._progress_task,
-                    completed=self.state.global_step,
-                    status=f"reward {metrics.get('reward', float('nan')):.3f} v{self.policy_version}",
-                )
-                if self.state.global_step % args.logging_steps == 0 or self.state.global_step == 1:
-                    self._log(metrics)
-                if self._checkpoint_due():
-                    save_checkpoint(self)
-            self.callback_handler.on_train_end(args, self.state, self.control)
+                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                self._log_and_save(metrics)
+                while int(self.state.epoch) > epoch:  # the step finished a pass over the dataset (or several)
+                    if not epoch_open:
+                        self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+                    self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+                    self._log_and_save(metrics)
+                    epoch, epoch_open = epoch + 1, False
+            if epoch_open:  # stopped inside a pass: it ends here, as in Trainer
+                self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+                self._log_and_save(metrics)
+            self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+            if args.push_to_hub:
+                self.save_model()
+                if self.hub is not None:
+                    self.callback_handler.on_push_begin(args, self.state, self.control)
+                    self.hub.push_final()
         finally:
             self._progress.stop()
             if producer is not None:
@@ -338,6 +343,66 @@ class HarnessAsyncGRPOTrainer:
             self._stop_services()
             torch.set_num_threads(torch_threads)
         return last
+
+    def _checkpoint_to_resume(self, resume: str | bool | None) -> Path | None:
+        """The checkpoint ``train(resume_from_checkpoint=...)`` or ``args.resume_from_checkpoint`` names."""
+        if resume is None:
+            resume = self.args.resume_from_checkpoint
+        if isinstance(resume, str) and resume.lower() in ("true", "false"):  # from the command line
+            resume = resume.lower() == "true"
+        if resume is True:
+            found = latest_checkpoint(self.args.output_dir)
+            if found is None:
+                raise ValueError(f"resume_from_checkpoint=True: no checkpoint in {self.args.output_dir}")
+            return found
+        return Path(resume) if resume else None
+
+    def _step(self, producer: RolloutProducer | None) -> dict[str, float]:
+        """One training step on every rank: rank 0 takes groups and builds rows, all ranks optimise, weights sync."""
+        args = self.args
+        started = time.monotonic()
+        shared = None
+        if producer is not None:
+            groups = producer.take(
+                args.groups_per_step,
+                current_version=self.state.policy_version,
+                max_staleness=args.max_staleness,
+                timeout_s=args.rollout_timeout_s * 2 + 60,
+            )
+            self.state.dropped_groups = self._dropped_before + producer.dropped_stale
+            rows, metrics = self._rows_and_metrics(groups)
+            if args.log_completions:
+                self._print_sample(groups)
+            shared = (rows, metrics, max(g.row_index for g in groups) + 1, self.state.dropped_groups)
+        rows, metrics, self.state.dataset_position, self.state.dropped_groups = broadcast_from_main(shared)
+        metrics.update(self._optimize(rows))
+        self.state.global_step += 1
+        self.state.epoch = self.state.dataset_position / len(self.train_dataset)
+        if self.state.global_step % args.weight_sync_steps == 0:
+            sync_started = time.monotonic()
+            self.state.policy_version = self.weight_sync.sync(self.model)
+            metrics["weight_sync_time_s"] = time.monotonic() - sync_started
+        metrics["policy_version"] = float(self.state.policy_version)
+        metrics["step_time_s"] = time.monotonic() - started
+        self._progress.update(
+            self._progress_task,
+            completed=self.state.global_step,
+            status=f"reward {metrics.get('reward', float('nan')):.3f} v{self.state.policy_version}",
+        )
+        return metrics
+
+    def _log_and_save(self, metrics: dict[str, float]) -> None:
+        """Log and save as ``self.control`` says (rank 0's flags hold on every rank), each at most once a step."""
+        control = self.control
+        control.should_log, control.should_save, control.should_training_stop = broadcast_from_main(
+            (control.should_log, control.should_save, control.should_training_stop)
+        )
+        step = self.state.global_step
+        if control.should_log and self._last_logged_step != step:
+            self._log(metrics)
+        if control.should_save and self._last_saved_step != step:
+            self._save()
+        self.control.should_log = self.control.should_save = False
 
     def _reward(self, outcome: HarnessRolloutOutcome) -> float | None:
         if outcome.error is not None or outcome.training_trace is None:
@@ -378,15 +443,21 @@ class HarnessAsyncGRPOTrainer:
             **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.reward_fn is not None),
             **group_metrics(group_stats),
             **row_stats.metrics(),
-            "staleness/mean": float(np.mean([self.policy_version - g.policy_version for g in groups])),
-            "staleness/dropped_groups": float(self.dropped_stale),
+            "staleness/mean": float(np.mean([self.state.policy_version - g.policy_version for g in groups])),
+            "staleness/dropped_groups": float(self.state.dropped_groups),
             "queue_wait_time_s": float(np.mean([now - g.finished_at for g in groups])),
             "rollout/group_time_s": float(np.mean([g.finished_at - g.started_at for g in groups])),
         }
         return rows, metrics
 
     def _optimize(self, rows: list[Row]) -> dict[str, float]:
-        """Every rank: one optimizer step on its share of ``rows`` (see ``harness_grpo.distributed``)."""
+        """Every rank: one optimizer step on its share of ``rows`` (see ``harness_grpo.distributed``).
+
+        Callbacks see ``on_substep_end`` after each micro-batch's backward but the last, then, after
+        clipping to ``max_grad_norm`` (0: none; ``grad_norm`` is the norm before clipping),
+        ``on_pre_optimizer_step`` and ``on_optimizer_step``. A step without signal (no row with an
+        advantage, and no KL term) runs no backward and no optimizer step; the schedule still advances.
+        """
         args = self.args
         # Zero-advantage rows contribute nothing without a KL term; they still count in the normalizer.
         active = [r for r in rows if r.advantage != 0.0] if args.beta == 0 else rows
@@ -408,7 +479,7 @@ class HarnessAsyncGRPOTrainer:
         self.model.train()
         parts = []
         total_loss = 0.0
-        for batch in batches:
+        for index, batch in enumerate(batches):
             logprobs, entropy = token_logprobs(self.model, batch, args.temperature)
             ref = None
             if self.reference is not None:
@@ -421,20 +492,29 @@ class HarnessAsyncGRPOTrainer:
             total_loss += float(loss.detach())
             if batch is not filler:
                 parts.append(part)
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            if index < len(batches) - 1:
+                self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
+        max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else math.inf
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
         self.optimizer.step()
-        self.lr_scheduler.step()
+        self.control = self.callback_handler.on_optimizer_step(args, self.state, self.control)
+        if not self.accelerator.optimizer_step_was_skipped:  # an fp16 overflow skips both, as in Trainer
+            self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         elapsed = time.monotonic() - started
-        by_rank = gather_to_all((parts, total_loss, packing.real_tokens, packing.metrics()))
-        parts = [part for rank_parts, _, _, _ in by_rank for part in rank_parts]
-        real_tokens = sum(tokens for _, _, tokens, _ in by_rank)
-        self.state.num_input_tokens_seen += real_tokens
+        by_rank = gather_to_all((parts, total_loss, packing.real_tokens, packing.computed_tokens, packing.metrics()))
+        parts = [part for rank_parts, *_ in by_rank for part in rank_parts]
+        real_tokens = sum(tokens for _, _, tokens, _, _ in by_rank)
+        computed_tokens = sum(tokens for *_, tokens, _ in by_rank)  # padding included
+        self.state.num_input_tokens_seen += (
+            computed_tokens if args.include_num_input_tokens_seen == "all" else real_tokens
+        )
         metrics.update(merge_metrics(parts))
         metrics.update(packing.metrics() if len(by_rank) == 1 else _mean_dicts([m for *_, m in by_rank]))
         metrics.update(
             {
-                "loss": sum(loss for _, loss, _, _ in by_rank),
+                "loss": sum(loss for _, loss, *_ in by_rank),
                 "grad_norm": float(grad_norm),
                 "tokens_per_s": real_tokens / elapsed if elapsed > 0 else 0.0,
                 "trained_tokens": float(sum(r.n_trainable for r in active)),
@@ -445,13 +525,16 @@ class HarnessAsyncGRPOTrainer:
 
     # --- logging and checkpoints -----------------------------------------------------------------------------------
 
-    # --- logging and checkpoints -----------------------------------------------------------------------------------
-
     def _log(self, metrics: dict[str, float]) -> None:
+        """The step's metrics (with ``epoch``, and ``num_input_tokens_seen`` when asked) to the log history,
+        ``on_log`` (reporting callbacks) and, on rank 0, the console."""
         logs = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in metrics.items()}
-        logs["step"] = self.state.global_step
-        self.state.log_history.append(logs)
-        self.callback_handler.on_log(self.args, self.state, self.control, logs)
+        logs["epoch"] = round(self.state.epoch, 6)
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+        self._last_logged_step = self.state.global_step
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
         if not self.is_main:
             return
         reward = metrics.get("reward", float("nan"))
@@ -461,7 +544,7 @@ class HarnessAsyncGRPOTrainer:
             + (f"correct {correct:.3f} " if correct is not None else "")
             + f"unscorable {metrics.get('rollout/unscorable_frac', 0.0):.2f} "
             f"tools/call {metrics.get('tools/call_frequency', 0.0):.2f} "
-            f"loss {metrics.get('loss', float('nan')):.4f} v{self.policy_version} "
+            f"loss {metrics.get('loss', float('nan')):.4f} v{self.state.policy_version} "
             f"{metrics.get('step_time_s', 0.0):.1f}s"
         )
 
@@ -477,13 +560,24 @@ class HarnessAsyncGRPOTrainer:
             f"{', error ' + escape(outcome.error) if outcome.error else ''}; last reply {escape(reply)}"
         )
 
-    def _checkpoint_due(self) -> bool:
-        """``save_strategy="steps"`` every ``save_steps`` steps, and at the last step; ``"no"`` never."""
-        args = self.args
-        if args.save_strategy != "steps" or not args.save_steps:
-            return False
-        step = self.state.global_step
-        return step % int(args.save_steps) == 0 or step == self.max_steps
+    def _save(self) -> None:
+        """Every rank: write this step's checkpoint; rank 0 pushes it by ``hub_strategy``; then ``on_save``."""
+        path = save_checkpoint(self)
+        self._last_saved_step = self.state.global_step
+        if self.hub is not None:
+            self.callback_handler.on_push_begin(self.args, self.state, self.control)
+            self.hub.push_checkpoint(path, step=self.state.global_step, epoch=self.state.epoch)
+        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def save_model(self, output_dir: str | Path | None = None) -> None:
+        """Every rank: save the model and tokenizer, loadable by ``from_pretrained``, in ``output_dir``
+        (default ``args.output_dir``); rank 0 writes (the weights are gathered first under FSDP2)."""
+        target = Path(output_dir if output_dir is not None else self.args.output_dir)
+        state_dict = self.accelerator.get_state_dict(self.model)
+        if self.is_main:
+            self.accelerator.unwrap_model(self.model).save_pretrained(target, state_dict=state_dict)
+            self.tokenizer.save_pretrained(target)
+        self.accelerator.wait_for_everyone()
 
 
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
