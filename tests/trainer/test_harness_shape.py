@@ -234,7 +234,7 @@ def test_a_harbor_shaped_factory_trains_with_no_wrapper(tmp_path: Path) -> None:
             assert entry["rollout/turns_mean"] >= 1
             assert 0.0 <= entry["rollout/correctness_mean"] <= 1.0
             assert entry["rewards/harness_reward/mean"] <= entry["rollout/correctness_mean"]  # the shaping ran
-        assert trainer.policy_version == 2
+        assert trainer.state.policy_version == 2
         with urllib.request.urlopen(f"{engine.url}/health", timeout=30) as response:
             health = json.loads(response.read())
         assert health["weight_version"] == 2, health

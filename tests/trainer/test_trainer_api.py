@@ -96,7 +96,7 @@ def test_an_injected_weight_transport_is_the_one_used(tmp_path: Path) -> None:
         weight_sync=sync,
     )
     trainer.train()
-    assert len(sync.models) == 2 and sync.version == 2 and trainer.policy_version == 2
+    assert len(sync.models) == 2 and sync.version == 2 and trainer.state.policy_version == 2
     with pytest.raises(TypeError, match="missing sync, close"):
         HarnessAsyncGRPOTrainer(
             str(submit_task.task_model_path()),
