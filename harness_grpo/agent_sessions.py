@@ -62,7 +62,7 @@ class ProcessSession:
         self.context = context
         self.seed = seed
         self._factory = factory
-        self.sandbox: Sandbox = TempDirSandbox(prefix=f"{factory.name}-{episode_id[:8]}-", dir=factory.workdir_root)
+        self.sandbox = factory.make_sandbox(episode_id)
         self.lease: ProxySessionLease | None = None
         self.result: ProcessResult | None = None
         self._close_lock = threading.Lock()
@@ -101,7 +101,8 @@ class ProcessSessionFactory(abc.ABC):
     """Creates ``ProcessSession``s; the trainer passes ``sampling`` and binds its proxy (``bind_rollout``).
 
     A subclass says how the agent runs (``execute``), its ``name`` (sandbox prefix, error messages) and what
-    it adds to the proxy session's ``metadata``. ``workdir_root`` is where sandboxes are made (default: the
+    it adds to the proxy session's ``metadata``. ``make_sandbox`` is where each session's ``Sandbox`` comes
+    from (another backend overrides it); ``workdir_root`` is where temp-dir sandboxes are made (default: the
     system's temporary directory).
     """
 
@@ -142,6 +143,10 @@ class ProcessSessionFactory(abc.ABC):
     @abc.abstractmethod
     def execute(self, session: ProcessSession, timeout_s: float | None) -> ProcessResult:
         """Run the agent in ``session.sandbox`` until it exits or ``timeout_s`` passes (``Sandbox.run``)."""
+
+    def make_sandbox(self, episode_id: str) -> Sandbox:
+        """Where one session's agent runs: a fresh ``TempDirSandbox`` under ``workdir_root``."""
+        return TempDirSandbox(prefix=f"{self.name}-{episode_id[:8]}-", dir=self.workdir_root)
 
 
 class LocalAgentSessionFactory(ProcessSessionFactory):
