@@ -14,8 +14,11 @@ PREFIX="$REPO/.agents"
 
 command -v npm >/dev/null || { echo "install_agents: npm not found (install Node.js >= 20)" >&2; exit 1; }
 [ -x .venv/bin/python ] || { echo "install_agents: .venv missing; run launchers/setup.sh first" >&2; exit 1; }
+# The venv's real path: pip writes it into the scripts it installs, and a symlinked .venv (a worktree sharing
+# another checkout's venv) must not leave them pointing through a link that may go away.
+VENV="$(cd .venv && pwd -P)"
 
-registry() { .venv/bin/python -m harness_grpo.agents "$@"; }  # run from the repo root: this checkout's registry
+registry() { "$VENV/bin/python" -m harness_grpo.agents "$@"; }  # run from the repo root: this checkout's registry
 NPM_SPECS="$(registry --install-specs npm)"
 NPM_BINS="$(registry --binaries npm)"
 PIP_SPECS="$(registry --install-specs pip)"
@@ -53,15 +56,15 @@ done
 pip_want=()
 for spec in $PIP_SPECS; do
   name="${spec%%==*}"; version="${spec##*==}"
-  .venv/bin/python -m pip show "$name" 2>/dev/null | grep -qx "Version: $version" || pip_want+=("$spec")
+  "$VENV/bin/python" -m pip show "$name" 2>/dev/null | grep -qx "Version: $version" || pip_want+=("$spec")
 done
 if [ ${#pip_want[@]} -gt 0 ]; then
-  .venv/bin/python -m pip install --quiet "${pip_want[@]}"
+  "$VENV/bin/python" -m pip install --quiet "${pip_want[@]}"
 fi
-.venv/bin/python -m pip check
-hermetic .venv/bin/python -c "import transformers, openenv, harbor"
+"$VENV/bin/python" -m pip check
+hermetic "$VENV/bin/python" -c "import transformers, openenv, harbor"
 for bin in $PIP_BINS; do
-  [ -x ".venv/bin/$bin" ] || { echo "install_agents: .venv/bin/$bin missing" >&2; exit 1; }
+  [ -x "$VENV/bin/$bin" ] || { echo "install_agents: $VENV/bin/$bin missing" >&2; exit 1; }
 done
 
 summary=()
