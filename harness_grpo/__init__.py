@@ -26,8 +26,8 @@ _EXPORTS = {
     "RolloutContext": "harness_grpo.rollout_context",
     "HarnessAdapter": "harness_grpo.white_box",
     "HarnessRunLimits": "harness_grpo.white_box",
-    "LocalAgentSessionFactory": "harness_grpo.local_agent",
-    "CLIAgentSessionFactory": "harness_grpo.agent_clis",
+    "LocalAgentSessionFactory": "harness_grpo.agent_sessions",
+    "CLIAgentSessionFactory": "harness_grpo.agent_sessions",
     "with_turn_rule": "harness_grpo.turn_masks",
     "has_tool_call": "harness_grpo.turn_masks",
     "TrainingTrace": "proxy.trace",
@@ -57,9 +57,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from harness_grpo.agent_clis import CLIAgentSessionFactory
+    from harness_grpo.agent_sessions import CLIAgentSessionFactory, LocalAgentSessionFactory
     from harness_grpo.config import HarnessGRPOConfig
-    from harness_grpo.local_agent import LocalAgentSessionFactory
     from harness_grpo.outcomes import HarnessRolloutOutcome, HarnessTurn
     from harness_grpo.rollout_context import RolloutContext
     from harness_grpo.session_protocol import (

@@ -2,8 +2,9 @@
 # Install the real coding-agent CLIs that tests/agents runs through the capture proxy.
 # Idempotent: skips what is already installed at the pinned version.
 #
-#   npm  -> <repo>/.agents/node_modules/.bin/{opencode,codex,claude}
-#   pip  -> .venv/bin/mini (mini-swe-agent, beside the project's own deps)
+# What to install comes from the agent registry (harness_grpo/agents/, one module per agent):
+#   npm  -> <repo>/.agents/node_modules/.bin/   (opencode, codex, claude)
+#   pip  -> .venv/bin/                          (mini, beside the project's own deps)
 #
 # Usage: launchers/install_agents.sh   (after launchers/setup.sh)
 set -euo pipefail
@@ -11,13 +12,17 @@ cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 PREFIX="$REPO/.agents"
 
-OPENCODE=opencode-ai@1.18.33
-CODEX=@openai/codex@0.169.0
-CLAUDE=@anthropic-ai/claude-code@2.1.328
-MINI=mini-swe-agent==2.4.6
-
 command -v npm >/dev/null || { echo "install_agents: npm not found (install Node.js >= 20)" >&2; exit 1; }
 [ -x .venv/bin/python ] || { echo "install_agents: .venv missing; run launchers/setup.sh first" >&2; exit 1; }
+# The venv's real path: pip writes it into the scripts it installs, and a symlinked .venv (a worktree sharing
+# another checkout's venv) must not leave them pointing through a link that may go away.
+VENV="$(cd .venv && pwd -P)"
+
+registry() { "$VENV/bin/python" -m harness_grpo.agents "$@"; }  # run from the repo root: this checkout's registry
+NPM_SPECS="$(registry --install-specs npm)"
+NPM_BINS="$(registry --binaries npm)"
+PIP_SPECS="$(registry --install-specs pip)"
+PIP_BINS="$(registry --binaries pip)"
 
 installed() {  # name version -> 0 when node_modules holds exactly that version
   local pkg="$PREFIX/node_modules/$1/package.json"
@@ -25,14 +30,15 @@ installed() {  # name version -> 0 when node_modules holds exactly that version
 }
 
 npm_want=()
-for spec in "$OPENCODE" "$CODEX" "$CLAUDE"; do
+for spec in $NPM_SPECS; do
   name="${spec%@*}"; version="${spec##*@}"
   installed "$name" "$version" || npm_want+=("$spec")
 done
 if [ ${#npm_want[@]} -gt 0 ]; then
   mkdir -p "$PREFIX"
-  # Install all three together so npm never prunes one while adding another.
-  npm install --prefix "$PREFIX" --no-audit --no-fund --loglevel=error "$OPENCODE" "$CODEX" "$CLAUDE"
+  # Install them all together so npm never prunes one while adding another.
+  # shellcheck disable=SC2086
+  npm install --prefix "$PREFIX" --no-audit --no-fund --loglevel=error $NPM_SPECS
 fi
 # Smoke-run each CLI with a throwaway HOME, so nothing lands in the real ~/.config, ~/.codex, ~/.claude.
 SCRATCH="$(mktemp -d)"
@@ -43,18 +49,31 @@ hermetic() {
     MSWEA_GLOBAL_CONFIG_DIR="$SCRATCH/mini" MSWEA_SILENT_STARTUP=1 "$@"
 }
 mkdir -p "$SCRATCH/.codex"
-for bin in opencode codex claude; do
+for bin in $NPM_BINS; do
   hermetic "$PREFIX/node_modules/.bin/$bin" --version >/dev/null || { echo "install_agents: $bin does not run" >&2; exit 1; }
 done
 
-if ! .venv/bin/python -m pip show mini-swe-agent 2>/dev/null | grep -qx "Version: ${MINI#*==}"; then
-  .venv/bin/python -m pip install --quiet "$MINI"
+pip_want=()
+for spec in $PIP_SPECS; do
+  name="${spec%%==*}"; version="${spec##*==}"
+  "$VENV/bin/python" -m pip show "$name" 2>/dev/null | grep -qx "Version: $version" || pip_want+=("$spec")
+done
+if [ ${#pip_want[@]} -gt 0 ]; then
+  "$VENV/bin/python" -m pip install --quiet "${pip_want[@]}"
 fi
-.venv/bin/python -m pip check
-hermetic .venv/bin/python -c "import transformers, openenv, harbor, minisweagent"
-[ -x .venv/bin/mini ] || { echo "install_agents: .venv/bin/mini missing" >&2; exit 1; }
+"$VENV/bin/python" -m pip check
+hermetic "$VENV/bin/python" -c "import transformers, openenv, harbor"
+for bin in $PIP_BINS; do
+  [ -x "$VENV/bin/$bin" ] || { echo "install_agents: $VENV/bin/$bin missing" >&2; exit 1; }
+done
 
-echo "install_agents: opencode $(hermetic "$PREFIX/node_modules/.bin/opencode" --version 2>/dev/null | tail -1)," \
-  "codex $(hermetic "$PREFIX/node_modules/.bin/codex" --version 2>/dev/null | tail -1)," \
-  "claude $(hermetic "$PREFIX/node_modules/.bin/claude" --version 2>/dev/null | tail -1)," \
-  "mini-swe-agent ${MINI#*==}"
+summary=()
+for bin in $NPM_BINS; do
+  summary+=("$bin $(hermetic "$PREFIX/node_modules/.bin/$bin" --version 2>/dev/null | tail -1)")
+done
+for spec in $PIP_SPECS; do
+  summary+=("${spec%%==*} ${spec##*==}")
+done
+line=""
+for part in "${summary[@]}"; do line+="${line:+, }$part"; done
+echo "install_agents: $line"

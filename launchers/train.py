@@ -47,10 +47,10 @@ from transformers import HfArgumentParser  # noqa: E402
 
 from examples import shell_chores, submit_task  # noqa: E402
 from examples.rewards import correctness_with_efficiency  # noqa: E402
-from harness_grpo.agent_clis import AGENTS, SMALL_MODEL_PROMPT, CLIAgentSessionFactory  # noqa: E402
+from harness_grpo.agent_sessions import CLIAgentSessionFactory, LocalAgentSessionFactory  # noqa: E402
+from harness_grpo.agents import AGENTS, SMALL_MODEL_PROMPT  # noqa: E402
 from harness_grpo.checkpoints import latest_checkpoint  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
-from harness_grpo.local_agent import LocalAgentSessionFactory  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
 HARNESSES = ("tool-agent", *AGENTS)

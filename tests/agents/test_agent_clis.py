@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 from openenv.core.harness.training import TrainingTrace
 
-from harness_grpo.agent_clis import AGENTS, RUNNERS, SMALL_MODEL_PROMPT, AgentRun, agent_binary
+from harness_grpo.agents import AGENTS, SMALL_MODEL_PROMPT, AgentRun, agent_binary, get_agent, run_agent
+from harness_grpo.sandbox import TempDirSandbox
 from tests.agents.conftest import STEPS_FILE, AgentStack, ServedCall, engine_choice
 
 AGENT_MODEL = "harness-model"
@@ -49,12 +50,6 @@ TEST_TIMEOUT_S = 1200 if REAL_ENGINE else 240
 WARM_ATTEMPTS = 5
 WARM_TEMPERATURE = 0.2
 WARM_MAX_CALLS = 4
-DIALECTS = {
-    "opencode": "openai_chat",
-    "codex": "openai_responses",
-    "claude-code": "anthropic_messages",
-    "mini-swe-agent": "openai_chat",
-}
 
 pytestmark = pytest.mark.agents
 INSTALLED_AGENTS = [
@@ -75,7 +70,7 @@ def test_agent_session_is_captured_exactly(agent: str, agent_stack: AgentStack, 
     assert run.returncode == 0, run.tail()
     _assert_trace_is_exact(trace, served, stats, run)
     turns = trace["turns"]
-    assert {t["metadata"]["dialect"] for t in turns} == {DIALECTS[agent]}, run.tail()
+    assert {t["metadata"]["dialect"] for t in turns} == {get_agent(agent).dialect}, run.tail()
     assert any(m.get("role") == "tool" for t in turns for m in t["request"]["messages"]), (
         f"{agent} never sent a tool result back: not a multi-turn tool session\n{run.tail()}"
     )
@@ -133,7 +128,7 @@ def test_agent_session_on_the_warm_tiny_model(agent: str, warm_tiny_stack: Agent
         assert run.returncode == 0, run.tail()
         _assert_trace_is_exact(trace, served, stats, run, min_turns=1)
         turns = trace["turns"]
-        assert {t["metadata"]["dialect"] for t in turns} == {DIALECTS[agent]}, run.tail()
+        assert {t["metadata"]["dialect"] for t in turns} == {get_agent(agent).dialect}, run.tail()
         multi_turn = any(m.get("role") == "tool" for t in turns for m in t["request"]["messages"])
         outcomes.append(f"attempt {attempt}: {len(turns)} calls, tool result sent back: {multi_turn}")
         if multi_turn:
@@ -158,18 +153,16 @@ def _run_session(
         metadata={"agent": agent},
         **({"sampling": sampling} if sampling is not None else {}),
     )
-    workdir, home = tmp_path / "work", tmp_path / "home"
-    workdir.mkdir(parents=True)
-    home.mkdir()
-    run = RUNNERS[agent](
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run = run_agent(
+        agent,
+        TempDirSandbox(prefix=f"{agent}-", dir=tmp_path),  # left for the assertions; pytest removes tmp_path
         base_url=stack.url,
         api_key=key,
         model=AGENT_MODEL,
         task=TASK,
-        workdir=workdir,
-        home=home,
         timeout_s=RUN_TIMEOUT_S,
-        **({"system_prompt": system_prompt} if system_prompt is not None else {}),
+        system_prompt=system_prompt,
     )
     served = stack.served_since(mark)
     trace = stack.trace(key)

@@ -1,88 +1,96 @@
-"""Agent processes end with their session: nothing they started outlives a close, from any thread."""
+"""Agent processes end with their session: nothing they started outlives a close or a timeout, from any thread.
+
+Both session kinds, a local agent program (``LocalAgentSessionFactory``) and a registry CLI
+(``CLIAgentSessionFactory``, here a registry entry whose program leaves a child running), are one
+``ProcessSession`` over a ``Sandbox``: the same close and timeout paths kill the process group, release the
+proxy session and remove the sandbox.
+"""
 
 from __future__ import annotations
 
-import os
+import sys
 import threading
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness_grpo.agent_clis import run_process
-from harness_grpo.local_agent import LocalAgentSessionFactory
+from harness_grpo.agent_sessions import CLIAgentSessionFactory, LocalAgentSessionFactory, ProcessSession
+from harness_grpo.agents import REGISTRY, AgentCommand, AgentLaunch, AgentSpec, Install
 from harness_grpo.rollout_context import ProxyEndpoint, RolloutContext
-
-LEAVES_A_CHILD = "sleep 300 & echo $! > child.pid.tmp && mv child.pid.tmp child.pid; {tail}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:  # a zombie waiting for its reaper counts as gone
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
+from harness_grpo.sandbox import Sandbox
+from harness_grpo.session_protocol import TrainerBoundSessionFactory
+from tests.agents.processes import LEAVES_A_CHILD, wait_for_file, wait_gone
 
 
-def _wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+def _configure_leaves_a_child(launch: AgentLaunch) -> AgentCommand:
+    return AgentCommand(
+        argv=["bash", "-c", LEAVES_A_CHILD.format(tail="sleep 300")],
+        env={"LEFT_BY": "test"},
+        files={launch.home / "agent.conf": launch.api_key},
+    )
 
 
-def test_run_process_kills_what_the_agent_left_running(tmp_path: Path) -> None:
-    argv = ["bash", "-c", LEAVES_A_CHILD.format(tail="exit 0")]
-    run = run_process("test", argv, cwd=tmp_path, env=dict(os.environ), home=tmp_path, timeout_s=30)
-    assert run.returncode == 0 and not run.timed_out
-    assert _wait_gone(int((tmp_path / "child.pid").read_text()))
+LEAVES_A_CHILD_AGENT = AgentSpec(
+    name="leaves-a-child",
+    binary=Path(sys.executable).name,  # installed wherever the project's python is; bash runs the agent
+    dialect="openai_chat",
+    install=Install("pip", "leaves-a-child", "0"),
+    configure=_configure_leaves_a_child,
+    max_steps=None,
+)
 
 
-def test_run_process_hands_out_its_process_so_another_thread_can_end_the_run(tmp_path: Path) -> None:
-    started = []
-    argv = ["bash", "-c", LEAVES_A_CHILD.format(tail="sleep 300")]
-    runner = threading.Thread(
-        target=lambda: started.append(
-            run_process("test", argv, cwd=tmp_path, env=dict(os.environ), home=tmp_path, timeout_s=300,
-                        on_start=started.append)
-        )
-    )  # fmt: skip
-    runner.start()
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "child.pid").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.killpg(started[0].pid, 9)
-    runner.join(10)
-    assert not runner.is_alive() and started[1].returncode == -9
-    assert _wait_gone(int((tmp_path / "child.pid").read_text()))
+@pytest.fixture(params=["local", "cli"])
+def factory(request: pytest.FixtureRequest, agent_stack: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each session kind, bound to the stack's proxy; its agent leaves ``sleep 300`` running and sleeps."""
+    common = {"verifier": lambda workdir, task: float((workdir / "child.pid").exists()), "sampling": {}}
+    if request.param == "local":
+        made = LocalAgentSessionFactory(command=["bash", "-c", LEAVES_A_CHILD.format(tail="sleep 300")], **common)
+    else:
+        monkeypatch.setitem(REGISTRY, LEAVES_A_CHILD_AGENT.name, LEAVES_A_CHILD_AGENT)
+        made = CLIAgentSessionFactory(agent=LEAVES_A_CHILD_AGENT.name, **common)
+    made.bind_rollout(
+        RolloutContext(ProxyEndpoint(agent_stack.url, agent_stack.proxy.admin_key), model_name=agent_stack.served_model)
+    )
+    return made
 
 
 @pytest.mark.timeout(120)
-def test_local_agent_session_closed_from_another_thread_ends_the_agent_and_its_children(agent_stack) -> None:
-    factory = LocalAgentSessionFactory(
-        command=["bash", "-c", LEAVES_A_CHILD.format(tail="sleep 300")],
-        verifier=lambda workdir, task: 0.0,
-        sampling={"temperature": 1.0},
-    )
-    factory.bind_rollout(
-        RolloutContext(ProxyEndpoint(agent_stack.url, agent_stack.proxy.admin_key), model_name=agent_stack.served_model)
-    )
+def test_session_closed_from_another_thread_ends_the_agent_and_its_children(factory: Any) -> None:
+    assert isinstance(factory, TrainerBoundSessionFactory)
     session = factory.create("x", seed=0, episode_id="lifecycle")
-    pid_file = session.workdir / "child.pid"
+    assert isinstance(session, ProcessSession) and isinstance(session.sandbox, Sandbox)
+    workdir = session.sandbox.workdir
     exit_codes: list[int] = []
     waiter = threading.Thread(target=lambda: exit_codes.append(session.wait_for_completion(300)))
     waiter.start()
-    deadline = time.monotonic() + 30
-    while not pid_file.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    child = int(pid_file.read_text())
+    child = int(wait_for_file(workdir / "child.pid").read_text())
+    assert session.verify().env_reward == 1.0  # the verifier reads the sandbox's working tree
+    if isinstance(factory, CLIAgentSessionFactory):  # the registry entry's config went in through the sandbox
+        assert session.sandbox.read_file(session.sandbox.home / "agent.conf").decode() == session.api_key
     session.close()
     waiter.join(10)
     assert not waiter.is_alive() and exit_codes == [-9]
-    assert _wait_gone(child)
-    assert not session.workdir.exists() and session.lease.key is None
+    assert wait_gone(child)
+    assert not workdir.exists() and session.lease.key is None
     session.close()  # twice is fine
+
+
+@pytest.mark.timeout(120)
+def test_session_past_its_timeout_raises_timeout_error_and_leaves_nothing_running(factory: Any) -> None:
+    session = factory.create("x", seed=0, episode_id="timeout")
+    try:
+        with pytest.raises(TimeoutError, match=r"did not finish within 2\.0 s"):
+            session.wait_for_completion(2.0)
+        assert session.result is not None and session.result.timed_out
+        assert wait_gone(int((session.sandbox.workdir / "child.pid").read_text()))
+        assert session.fetch_training_trace().turns == []  # the lease still answers until close
+    finally:
+        session.close()
+    assert session.lease.key is None and not session.sandbox.workdir.exists()
+
+
+def test_an_unknown_agent_is_refused_naming_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match="unknown agent 'nope'; choose from opencode, codex, claude-code"):
+        CLIAgentSessionFactory(agent="nope", verifier=lambda workdir, task: 0.0, sampling={})

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness_grpo.agent_clis import agent_binary
+from harness_grpo.agents import agent_binary
 from harness_grpo.checkpoints import TRAINER_STATE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from examples import submit_task
+from harness_grpo.agent_sessions import LocalAgentSessionFactory
 from harness_grpo.config import HarnessGRPOConfig
-from harness_grpo.local_agent import LocalAgentSessionFactory
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer
 
 STEPS = 30

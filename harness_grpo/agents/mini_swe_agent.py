@@ -1,0 +1,61 @@
+"""mini-swe-agent: the ``mini`` CLI, non-interactive (``-y --exit-immediately``), LiteLLM ``openai/<model>``.
+
+LiteLLM reaches the proxy at ``OPENAI_API_BASE`` = ``<proxy>/v1``; chat completions. The global config
+dir is under ``home`` and ``MSWEA_CONFIGURED`` skips the first-run wizard; cost tracking ignores the
+unknown model; LiteLLM uses its bundled cost map (no fetch). ``agent.step_limit`` bounds its loop. The
+trajectory goes to ``home/mini.traj.json`` (output ``trajectory``). Its prompts are short already; a
+system prompt replaces its system template.
+"""
+
+from __future__ import annotations
+
+import json
+
+from harness_grpo.agents.spec import AgentCommand, AgentLaunch, AgentSpec, Install
+
+
+def configure(launch: AgentLaunch) -> AgentCommand:
+    trajectory = launch.home / "mini.traj.json"
+    system = [] if launch.system_prompt is None else ["-c", f"agent.system_template={json.dumps(launch.system_prompt)}"]
+    argv = [
+        launch.binary,
+        "-y",
+        "--exit-immediately",
+        "-m",
+        f"openai/{launch.model}",
+        "-t",
+        launch.task,
+        "-c",
+        "mini.yaml",
+        "-c",
+        f"agent.step_limit={launch.max_steps}",
+        "-c",
+        "agent.cost_limit=0",
+        *system,
+        "-o",
+        str(trajectory),
+    ]
+    return AgentCommand(
+        argv=argv,
+        env={
+            "MSWEA_GLOBAL_CONFIG_DIR": str(launch.home / "mini-swe-agent"),
+            "MSWEA_CONFIGURED": "1",
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "OPENAI_API_KEY": launch.api_key,
+            "OPENAI_API_BASE": f"{launch.base_url}/v1",
+            "PYTHONUNBUFFERED": "1",
+        },
+        outputs={"trajectory": trajectory},
+    )
+
+
+SPEC = AgentSpec(
+    name="mini-swe-agent",
+    binary="mini",
+    dialect="openai_chat",
+    install=Install("pip", "mini-swe-agent", "2.4.6"),
+    configure=configure,
+    max_steps=8,
+)
