@@ -12,7 +12,6 @@ runs only zero-loss filler micro-batches) finishes instead of hanging in a colle
 from __future__ import annotations
 
 import os
-import random
 import socket
 import time
 from pathlib import Path
@@ -22,32 +21,12 @@ import pytest
 import torch
 
 from harness_grpo.distributed import shard_rows
-from harness_grpo.rows import Row
+from tests.support.rows import scored_rows
 
 STEPS = (
     ("one row", [(40, 1.0)]),
     ("five rows", [(300, 1.0), (120, -1.0), (90, 0.5), (60, -0.5), (200, 1.5)]),
 )
-
-
-def _rows(spec: list[tuple[int, float]], vocab: int) -> list[Row]:
-    rng = random.Random(len(spec))
-    rows = []
-    for i, (n, advantage) in enumerate(spec):
-        mask = [0] * (n // 3) + [1] * (n - n // 3)
-        rows.append(
-            Row(
-                input_ids=[rng.randrange(3, vocab) for _ in range(n)],
-                loss_mask=mask,
-                behaviour_logprobs=[rng.uniform(-9.2, -8.8) if m else 0.0 for m in mask],
-                advantage=advantage,
-                weight=1.0 / sum(mask),
-                policy_version=0,
-                rollout_id=f"r{i}",
-                group_id="g",
-            )
-        )
-    return rows
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
@@ -74,7 +53,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> N
     vocab = trainer.tokenizer.vocab_size
     results: dict[str, Any] = {"steps": []}
     for _, spec in STEPS:
-        metrics = trainer._optimize(_rows(spec, vocab))
+        metrics = trainer._optimize(scored_rows(spec, seed=len(spec), vocab=vocab))
         results["steps"].append({k: metrics[k] for k in ("loss", "grad_norm", "trained_tokens", "num_tokens")})
     model = trainer.accelerator.unwrap_model(trainer.model)
     results["params"] = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -104,7 +83,7 @@ def _run(world: int, model_dir: Path, out_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_shard_rows_balances_tokens_and_places_each_row_once() -> None:
-    rows = _rows([(n, 1.0) for n in (300, 120, 90, 60, 200, 10)], 100)
+    rows = scored_rows([(n, 1.0) for n in (300, 120, 90, 60, 200, 10)], seed=6, vocab=100)
     shares = [shard_rows(rows, rank, 2) for rank in range(2)]
     assert sorted(r.rollout_id for share in shares for r in share) == sorted(r.rollout_id for r in rows)
     assert [sum(len(r) for r in share) for share in shares] == [390, 390]

@@ -13,8 +13,7 @@ from harness_grpo.packing import Layout, MicroBatch, pack_rows
 from harness_grpo.rows import Row, rollout_rows
 from harness_grpo.tiny_model import tiny_model_path
 from proxy.capture_graph import AGENT, TrainingSequence
-
-from .test_packing import random_rows
+from tests.support.rows import random_rows
 
 
 def place(batch: MicroBatch, per_row: list[list[float]]) -> torch.Tensor:

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from harness_grpo.packing import Layout, pack_rows
-from harness_grpo.rows import Row
-
-
-def make_row(n: int, *, seed: int, rollout: str = "r", advantage: float = 1.0, weight: float = 1.0) -> Row:
-    rng = random.Random(seed)
-    mask = [0] + [int(rng.random() < 0.3) for _ in range(n - 1)]
-    mask[-1] = 1
-    logps = [-rng.random() if m else 0.0 for m in mask]
-    ids = [rng.randrange(1, 8000) for _ in range(n)]
-    return Row(ids, mask, logps, advantage, weight, policy_version=0, rollout_id=rollout, group_id="g")
-
-
-def random_rows(k: int = 40, seed: int = 0) -> list[Row]:
-    rng = random.Random(seed)
-    return [make_row(rng.randint(2, 300), seed=i, rollout=f"r{i // 2}", advantage=rng.uniform(-1, 1)) for i in range(k)]
+from tests.support.rows import random_row, random_rows
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
@@ -56,7 +40,7 @@ def test_every_row_placed_once_within_budget_with_exact_contents(layout: Layout)
 
 
 def test_padded_positions_count_through_padding() -> None:
-    packing = pack_rows([make_row(5, seed=1), make_row(3, seed=2)], 100)
+    packing = pack_rows([random_row(5, seed=1), random_row(3, seed=2)], 100)
     (mb,) = packing.microbatches
     assert mb.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
     assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
@@ -65,7 +49,7 @@ def test_padded_positions_count_through_padding() -> None:
 
 def test_padded_bins_group_similar_lengths() -> None:
     lengths = [100, 10, 90, 12, 95, 11]
-    rows = [make_row(n, seed=i) for i, n in enumerate(lengths)]
+    rows = [random_row(n, seed=i) for i, n in enumerate(lengths)]
     packing = pack_rows(rows, 300)
     groups = [sorted(len(rows[i]) for segs in mb.segments for i, _, _ in segs) for mb in packing.microbatches]
     assert groups == [[90, 95, 100], [10, 11, 12]]
@@ -73,7 +57,7 @@ def test_padded_bins_group_similar_lengths() -> None:
 
 
 def test_packed_first_fit_decreasing() -> None:
-    rows = [make_row(n, seed=i) for i, n in enumerate([60, 50, 40, 30, 20])]
+    rows = [random_row(n, seed=i) for i, n in enumerate([60, 50, 40, 30, 20])]
     packing = pack_rows(rows, 100, layout="packed")
     groups = [[len(rows[i]) for i, _, _ in mb.segments[0]] for mb in packing.microbatches]
     assert groups == [[60, 40], [50, 30, 20]]
@@ -93,7 +77,7 @@ def test_deterministic(layout: Layout) -> None:
 
 def test_row_over_budget_raises() -> None:
     with pytest.raises(ValueError, match="max_length"):
-        pack_rows([make_row(50, seed=0)], 49)
+        pack_rows([random_row(50, seed=0)], 49)
     with pytest.raises(ValueError, match="layout"):
-        pack_rows([make_row(5, seed=0)], 49, layout="ragged")  # type: ignore[arg-type]
+        pack_rows([random_row(5, seed=0)], 49, layout="ragged")  # type: ignore[arg-type]
     assert pack_rows([], 10).microbatches == []

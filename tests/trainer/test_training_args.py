@@ -14,7 +14,6 @@ import dataclasses
 import importlib.util
 import itertools
 import json
-import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +35,7 @@ from harness_grpo.services import TrainerServices
 from harness_grpo.tiny_model import tiny_model_path
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer
 from harness_grpo.training_args import HARMLESS, HONOURED, UNSUPPORTED
+from tests.support.rows import scored_rows
 
 REPO = Path(__file__).resolve().parents[2]
 DATASET = [{"prompt": f"task {i}"} for i in range(2)]
@@ -65,23 +65,7 @@ def _trainer(tmp_path: Path, *, model: Any = None, callbacks: Any = None, **over
 
 def _rows(seed: int = 0, vocab: int = 8192) -> list[Row]:
     """Two rollouts' rows, advantages +1 and -1 (a step with signal), 40 tokens each."""
-    rng = random.Random(seed)
-    rows = []
-    for i, advantage in enumerate((1.0, -1.0)):
-        mask = [0] * 10 + [1] * 30
-        rows.append(
-            Row(
-                input_ids=[rng.randrange(3, vocab) for _ in mask],
-                loss_mask=mask,
-                behaviour_logprobs=[rng.uniform(-9.2, -8.8) if m else 0.0 for m in mask],
-                advantage=advantage,
-                weight=1.0 / sum(mask),
-                policy_version=0,
-                rollout_id=f"r{i}",
-                group_id="g",
-            )
-        )
-    return rows
+    return scored_rows([(40, 1.0), (40, -1.0)], seed=seed, vocab=vocab, context=10)
 
 
 def _params(trainer: HarnessAsyncGRPOTrainer) -> dict[str, torch.Tensor]:
