@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +36,7 @@ from harness_grpo.engine.requests import parse_chat, parse_completion
 from harness_grpo.engine.responses import chat_response, completion_response
 from harness_grpo.engine.sampling import SamplingParams
 from harness_grpo.engine.weights import state_dict_from_safetensors
+from harness_grpo.service_loop import ServiceLoop
 
 logger = logging.getLogger(__name__)
 
@@ -257,15 +257,11 @@ class EngineServer:
 
 
 class ServerThread:
-    """An ``EngineServer`` on a daemon thread with its own event loop; also a context manager."""
+    """An ``EngineServer`` on its own ``ServiceLoop`` (an event loop on a daemon thread); a context manager."""
 
     def __init__(self, engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0, **app_kwargs: Any) -> None:
         self.server = EngineServer(engine, host, port, **app_kwargs)
-        self._thread = threading.Thread(target=self._main, name="engine-http", daemon=True)
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._failure: BaseException | None = None
+        self._loop: ServiceLoop | None = None
 
     @property
     def url(self) -> str:
@@ -273,20 +269,23 @@ class ServerThread:
 
     def start(self, timeout_s: float = 30.0) -> str:
         """Start serving; returns the base URL once the socket is bound."""
-        self._thread.start()
-        if not self._ready.wait(timeout_s):
-            raise TimeoutError(f"the engine server did not start within {timeout_s}s")
-        if self._failure is not None:
-            raise self._failure
+        self._loop = ServiceLoop("engine-http")
+        try:
+            self._loop.run(self.server.start(), timeout_s)
+        except BaseException:
+            self._loop.close()
+            self._loop = None
+            raise
         return self.url
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop serving and join the thread."""
-        if self._thread.is_alive() and self._loop is not None and self._stop_event is not None:
-            self._loop.call_soon_threadsafe(self._stop_event.set)
-            self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise TimeoutError(f"the engine server did not stop within {timeout_s}s")
+        """Stop serving and end the loop's thread."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            try:
+                loop.run(self.server.stop(), timeout_s)
+            finally:
+                loop.close(timeout_s)
 
     def __enter__(self) -> ServerThread:
         self.start()
@@ -294,21 +293,3 @@ class ServerThread:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-    def _main(self) -> None:
-        asyncio.run(self._serve())
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop_event = asyncio.Event()
-        try:
-            await self.server.start()
-        except BaseException as exc:
-            self._failure = exc
-            return
-        finally:
-            self._ready.set()
-        try:
-            await self._stop_event.wait()
-        finally:
-            await self.server.stop()

@@ -39,6 +39,7 @@ import aiohttp
 import torch
 
 from harness_grpo.distributed import rank_world
+from harness_grpo.service_loop import ServiceLoop
 
 logger = logging.getLogger(__name__)
 
@@ -236,18 +237,14 @@ class _ControlClient:
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url.rstrip("/")
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: ServiceLoop | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="weight-sync-http", daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
+                self._loop = ServiceLoop("weight-sync-http")
+            return self._loop.loop
 
     def start(
         self,
@@ -328,18 +325,14 @@ class _ControlClient:
     def close(self) -> None:
         """Cancel what is in flight, close the session and stop the loop thread."""
         with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None:
+            loop, self._loop = self._loop, None
+        if loop is None:
             return
         try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=5.0)
+            loop.run(self._shutdown(), 5.0)
         except Exception as exc:  # closing is best effort; the thread is a daemon
             logger.warning("weight sync HTTP client did not shut down cleanly: %s", exc)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5.0)
-        if not thread.is_alive():
-            loop.close()
+        loop.close(5.0)
 
 
 # ----- the shared frame: lock, version, ranks -------------------------------------------------------

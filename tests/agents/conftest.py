@@ -24,23 +24,21 @@ The engine is pluggable (``HARNESS_AGENT_ENGINE``):
 ``warm_tiny_stack`` is a second stack, always on the embedded engine with the warm-started tiny
 model, for the tests that the issue asks to run on it.
 
-Everything runs in one background event loop (``LoopThread``) so the tests stay synchronous while
+Everything runs in one background event loop (``ServiceLoop``) so the tests stay synchronous while
 the agent subprocesses talk to the proxy.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +50,7 @@ import pytest
 from aiohttp import web
 
 from bench.fake_vllm import MODEL, WORDS, FakeVLLM
+from harness_grpo.service_loop import ServiceLoop
 from proxy.server import CaptureProxy, ProxyConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -221,23 +220,6 @@ class EngineHandle:
     notes: list[str] = field(default_factory=list)
 
 
-class LoopThread:
-    """An asyncio loop on a daemon thread; ``run`` executes a coroutine there and waits for it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="agent-stack-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 120.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
 def _embedded_model() -> str:
     explicit = os.environ.get("HARNESS_AGENT_ENGINE_MODEL")
     if explicit:
@@ -359,7 +341,7 @@ def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHan
 @contextmanager
 def running_stack(engine: EngineHandle, journal_dir: Path) -> Iterator[AgentStack]:
     """engine <- RecordingRelay <- CaptureProxy in one background loop (the fake engine is started here)."""
-    loop = LoopThread()
+    loop = ServiceLoop("agent-stack-loop")
 
     async def start() -> AgentStack:
         if engine.kind == "fake":

@@ -2,8 +2,8 @@
 
 ``await until(condition, "what did not happen")`` polls ``condition()`` on the running event loop
 and fails the test (``AssertionError`` with the message) once ``timeout_s`` passes without it
-holding. The deadline only bounds a failing test: a passing one returns as soon as the state is
-reached.
+holding; ``until_blocking`` does the same from a plain test thread. The deadline only bounds a
+failing test: a passing one returns as soon as the state is reached.
 """
 
 from __future__ import annotations
@@ -20,3 +20,11 @@ async def until(condition: Callable[[], Any], message: str, timeout_s: float = 3
     while not condition():
         assert time.monotonic() < deadline, f"{message} (within {timeout_s}s)"
         await asyncio.sleep(poll_s)
+
+
+def until_blocking(condition: Callable[[], Any], message: str, timeout_s: float = 30.0, poll_s: float = 0.005) -> None:
+    """``until`` for a test thread outside any event loop."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{message} (within {timeout_s}s)"
+        time.sleep(poll_s)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
 
 from harness_grpo.outcomes import summarize_tools
 from harness_grpo.rollouts import ProducerError, RolloutGroup, RolloutProducer, run_rollout
+from harness_grpo.service_loop import ServiceLoop
 from harness_grpo.session_protocol import SessionContractError, VerifyResult
 from proxy.capture_graph import CaptureGraph
 from proxy.trace import CaptureContractError, TrainingTrace
+from tests.support.wait import until_blocking
 
 ROW = {"prompt": [{"role": "user", "content": "fix it"}], "task_index": 3}
 
@@ -230,40 +231,29 @@ def test_producer_runs_groups_and_bounds_concurrency() -> None:
         def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> Session:
             return Slow()
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    services = ServiceLoop()
     producer = _producer(SlowFactory())
-    producer.start(loop)
+    producer.start(services.loop)
     try:
         groups = producer.take(4, current_version=0, max_staleness=0, timeout_s=20)
     finally:
         producer.stop()
-        loop.call_soon_threadsafe(loop.stop)
+        services.close()
     assert all(len(g.outcomes) == 3 and all(o.env_reward == 1.0 for o in g.outcomes) for g in groups)
     assert sorted(g.row["prompt"] for g in groups) == ["a", "a", "b", "b"]
     assert peak[0] == 4
 
 
 def test_producer_surfaces_fatal_errors() -> None:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    services = ServiceLoop()
     producer = _producer(Factory(Session(fetch=CaptureContractError([]))))
-    producer.start(loop)
+    producer.start(services.loop)
     try:
         with pytest.raises(ProducerError):
             producer.take(1, current_version=0, max_staleness=0, timeout_s=10)
     finally:
         producer.stop()
-        loop.call_soon_threadsafe(loop.stop)
-
-
-def _loop_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    return loop, thread
+        services.close()
 
 
 def test_stop_closes_running_sessions_and_waits_for_their_threads(caplog: pytest.LogCaptureFixture) -> None:
@@ -293,15 +283,12 @@ def test_stop_closes_running_sessions_and_waits_for_their_threads(caplog: pytest
         return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
 
     before = set(threading.enumerate())
-    loop, thread = _loop_thread()
+    services = ServiceLoop()
     producer = _producer(EndlessFactory(), rollout_timeout_s=120)
-    producer.start(loop)
+    producer.start(services.loop)
     try:
-        deadline = time.monotonic() + 10
-        while len(sessions) < 4:  # max_concurrent_rollouts sessions running
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        in_flight = asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5)
+        until_blocking(lambda: len(sessions) >= 4, "max_concurrent_rollouts sessions running", timeout_s=10)
+        in_flight = services.run(pending_tasks(), 5)
         assert len(in_flight) >= 2  # the producing task and the running groups
         producer.stop(timeout_s=60)
         # Neither the loop's tasks nor the worker threads needed the stop's timeout (it logs when they do).
@@ -309,16 +296,14 @@ def test_stop_closes_running_sessions_and_waits_for_their_threads(caplog: pytest
         assert all(s.closed for s in sessions)
         assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("rollout")]
         # Cancelled and awaited on the loop, not left pending when the loop stops.
-        assert asyncio.run_coroutine_threadsafe(pending_tasks(), loop).result(5) == []
+        assert services.run(pending_tasks(), 5) == []
         assert all(task.done() for task in in_flight)
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-    loop.close()
+        services.close()
 
 
 def test_an_error_of_the_producer_itself_reaches_the_consumer() -> None:
-    loop, thread = _loop_thread()
+    services = ServiceLoop()
     producer = RolloutProducer(
         Factory(Session()),
         ["not a mapping"],  # dict(row) fails inside the producing task
@@ -328,12 +313,10 @@ def test_an_error_of_the_producer_itself_reaches_the_consumer() -> None:
         rollout_timeout_s=5,
         policy_version=lambda: 0,
     )
-    producer.start(loop)
+    producer.start(services.loop)
     try:
         with pytest.raises(ProducerError, match="dictionary update sequence"):
             producer.take(1, current_version=0, max_staleness=0, timeout_s=10)
     finally:
         producer.stop()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-    loop.close()
+        services.close()
