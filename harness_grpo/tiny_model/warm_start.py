@@ -296,9 +296,10 @@ def evaluate_tool_calls(
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     outputs: dict[int, tuple[str, int]] = {}
     torch.manual_seed(seed)
-    while order:
-        width = len(encoded[order[0]]) + max_new_tokens
-        take = max(1, min(len(order), batch_tokens // width))
+    while order:  # shortest first; a batch is as wide as its longest prompt, within batch_tokens
+        take = 1
+        while take < len(order) and (take + 1) * (len(encoded[order[take]]) + max_new_tokens) <= batch_tokens:
+            take += 1
         chunk, order = order[:take], order[take:]
         batch = tokenizer.pad({"input_ids": [encoded[i] for i in chunk]}, return_tensors="pt")
         generated = model.generate(
