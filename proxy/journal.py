@@ -4,48 +4,169 @@ Contract: ``SessionJournal.append(record)`` writes one JSON line with a single
 ``write(2)`` on an ``O_APPEND`` descriptor before returning, so a record the
 caller appended survives the proxy being killed (SIGKILL) the moment after;
 with ``fsync=True`` it also survives a machine crash, at the cost of a disk
-flush per call. ``read_journal`` returns every complete record; a torn last
-line (a write cut by the kill) is ignored and truncated away on reopen.
+flush per call. A write that stops part-way (a full disk, a file-size limit)
+raises and cuts its partial line back off, so a record never follows a torn
+one.
+
+Descriptors: the journals of one registry share a ``JournalFiles`` cache of at
+most ``max_open`` descriptors (least recently used closed first, never one in
+use), so the number of sessions a proxy can hold or recover is not bounded by
+its open-file limit; an active session keeps its descriptor and appends with
+one ``write(2)``.
+
+``JournalFiles.create`` makes a new journal exclusively, with its first record,
+or leaves nothing on disk. ``read_journal`` returns every complete record; a
+torn last line (a write cut by a crash) is ignored, and ``truncate_torn_tail``
+removes it before the journal is appended to again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+
+
+class JournalFiles:
+    """The open-descriptor cache shared by the journals of one directory (see module contract)."""
+
+    def __init__(self, max_open: int = 128, *, fsync: bool = False) -> None:
+        if max_open < 1:
+            raise ValueError("max_open must be at least 1")
+        self.max_open = max_open
+        self.fsync = fsync
+        self._open: OrderedDict[SessionJournal, int] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Descriptors open now."""
+        return len(self._open)
+
+    def journal(self, path: Path) -> SessionJournal:
+        """The journal at ``path`` (an existing file); no descriptor is opened until it is appended to."""
+        return SessionJournal(path, self)
+
+    def create(self, path: Path, first: dict[str, Any]) -> SessionJournal:
+        """A new journal holding ``first``; ``FileExistsError`` if ``path`` exists. On any failure
+        nothing is left: the record is serialised before the file is made, and a failed write
+        closes and removes it."""
+        line = orjson.dumps(first) + b"\n"
+        fd = os.open(path, _APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write(fd, line, path, self.fsync)
+            if self.fsync:  # the new directory entry must survive a crash too
+                _fsync_dir(path.parent)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        journal = SessionJournal(path, self)
+        with self._lock:
+            self._keep(journal, fd)
+        return journal
+
+    def close_all(self) -> None:
+        """Close every descriptor (the journals stay usable: an append reopens)."""
+        with self._lock:
+            while self._open:
+                _journal, fd = self._open.popitem(last=False)
+                os.close(fd)
+
+    def _acquire(self, journal: SessionJournal) -> int:
+        with self._lock:
+            fd = self._open.get(journal)
+            if fd is None:
+                fd = os.open(journal.path, _APPEND)  # never O_CREAT: a journal removed under us is an error
+                self._keep(journal, fd)
+            else:
+                self._open.move_to_end(journal)
+            journal._pins += 1
+            return fd
+
+    def _release(self, journal: SessionJournal) -> None:
+        with self._lock:
+            journal._pins -= 1
+            if journal._closing and journal._pins == 0:
+                journal._closing = False
+                fd = self._open.pop(journal, None)
+                if fd is not None:
+                    os.close(fd)
+
+    def _keep(self, journal: SessionJournal, fd: int) -> None:
+        """Hold ``fd`` for ``journal``; close the least recently used idle descriptors past ``max_open``."""
+        self._open[journal] = fd
+        while len(self._open) > self.max_open:
+            idle = next((j for j in self._open if j._pins == 0 and j is not journal), None)
+            if idle is None:  # every other descriptor is mid-write on another thread: over the cap for now
+                return
+            os.close(self._open.pop(idle))
+
+    def _close(self, journal: SessionJournal) -> None:
+        with self._lock:
+            if journal._pins:  # mid-write on another thread: the writer closes it when done
+                journal._closing = True
+                return
+            fd = self._open.pop(journal, None)
+            if fd is not None:
+                os.close(fd)
+
 
 class SessionJournal:
-    """The journal file of one session."""
+    """The journal file of one session; its descriptor lives in the shared ``JournalFiles``."""
 
-    def __init__(self, path: Path, *, fsync: bool = False) -> None:
+    __slots__ = ("_closing", "_files", "_pins", "path")
+
+    def __init__(self, path: Path, files: JournalFiles) -> None:
         self.path = path
-        self._fsync = fsync
-        _truncate_torn_tail(path)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._files = files
+        self._pins = 0  # appends in progress (guarded by the files' lock)
+        self._closing = False
 
     def append(self, record: dict[str, Any]) -> None:
         """Durably append one record (see module contract)."""
         line = orjson.dumps(record) + b"\n"
-        written = os.write(self._fd, line)
-        if written != len(line):  # a short write on a regular file means the disk is full
-            raise OSError(f"short write to journal {self.path}")
-        if self._fsync:
-            os.fsync(self._fd)
+        files = self._files
+        fd = files._acquire(self)
+        try:
+            _write(fd, line, self.path, files.fsync)
+        finally:
+            files._release(self)
 
     def close(self) -> None:
-        """Close the descriptor; the file stays."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Close the descriptor if one is open; the file stays, and a later append reopens it."""
+        self._files._close(self)
 
     def delete(self) -> None:
         """Close and remove the file."""
         self.close()
         self.path.unlink(missing_ok=True)
+
+
+def _write(fd: int, line: bytes, path: Path, fsync: bool) -> None:
+    written = os.write(fd, line)
+    if written != len(line):  # a short write to a regular file: the disk or a file-size limit is full
+        with contextlib.suppress(OSError):  # cut the partial line off (one writer per journal)
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+        raise OSError(errno.ENOSPC, f"short write to journal {path} ({written} of {len(line)} bytes)")
+    if fsync:
+        os.fsync(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_journal(path: Path) -> Iterator[dict[str, Any]]:
@@ -57,9 +178,8 @@ def read_journal(path: Path) -> Iterator[dict[str, Any]]:
             yield orjson.loads(line)
 
 
-def _truncate_torn_tail(path: Path) -> None:
-    if not path.exists():
-        return
+def truncate_torn_tail(path: Path) -> None:
+    """Cut a torn last line off, so appends start on a line of their own."""
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut != len(data):

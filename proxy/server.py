@@ -69,6 +69,7 @@ class ProxyConfig:
     upstream_retries: int = 3
     upstream_backoff_s: float = 2.0
     max_upstream_connections: int = 256
+    max_open_journals: int = 128  # journal descriptors held open; sessions are not bounded by it
     fsync: bool = False
     probe_engines: bool = True
 
@@ -94,7 +95,9 @@ class CaptureProxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.admin_key = config.admin_key or secrets.token_urlsafe(24)
-        self.sessions = SessionRegistry(config.journal_dir, fsync=config.fsync)
+        self.sessions = SessionRegistry(
+            config.journal_dir, fsync=config.fsync, max_open_journals=config.max_open_journals
+        )
         self.metrics = ProxyMetrics()
         self._clients: dict[str, EngineClient] = {}
         self._tiers: dict[tuple[str, str], EngineTier] = {}
@@ -226,6 +229,10 @@ class CaptureProxy:
         except (KeyError, ValueError) as exc:
             status = 409 if isinstance(exc, KeyError) else 400
             return _json(openai_chat.render_error(status, str(exc)), status)
+        except OSError as exc:  # nothing was registered or left on disk
+            log.error("could not create a session's journal: %s", exc)
+            message = f"could not write the session's journal: {exc}"
+            return _json(openai_chat.render_error(503, message, "api_error"), 503)
         self.metrics.sessions_created += 1
         return _json({"session_id": session.id, "api_key": session.id, **session.describe()}, 201)
 

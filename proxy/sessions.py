@@ -22,7 +22,7 @@ from typing import Any
 
 from proxy.capture_graph import CaptureGraph
 from proxy.engine_client import Capture
-from proxy.journal import SessionJournal, read_journal
+from proxy.journal import JournalFiles, SessionJournal, read_journal, truncate_torn_tail
 from proxy.sampling_policy import SamplingPolicy
 
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -153,12 +153,16 @@ class Session:
 
 
 class SessionRegistry:
-    """All live sessions of one proxy, backed by journals in ``journal_dir``."""
+    """All live sessions of one proxy, backed by journals in ``journal_dir``.
 
-    def __init__(self, journal_dir: Path, *, fsync: bool = False) -> None:
+    Journals share ``max_open_journals`` descriptors (``JournalFiles``), so the number of sessions
+    is not bounded by the open-file limit.
+    """
+
+    def __init__(self, journal_dir: Path, *, fsync: bool = False, max_open_journals: int = 128) -> None:
         self.journal_dir = journal_dir
         self.journal_dir.mkdir(parents=True, exist_ok=True)
-        self._fsync = fsync
+        self._files = JournalFiles(max_open_journals, fsync=fsync)
         self._sessions: dict[str, Session] = {}
 
     def __len__(self) -> int:
@@ -172,14 +176,24 @@ class SessionRegistry:
         return self._sessions.get(session_id) if session_id else None
 
     def create(self, config: SessionConfig, model: str, session_id: str | None = None) -> Session:
-        """Register a session; ``session_id`` None mints one."""
+        """Register a session; ``session_id`` None mints one.
+
+        ``KeyError``: the id is taken (live, or a journal of that name on disk); ``ValueError``: a bad
+        id or settings that can't be journaled; ``OSError``: the journal could not be written. On
+        any failure nothing is registered and nothing is left on disk.
+        """
         session_id = session_id or mint_session_id()
-        if not SESSION_ID_RE.fullmatch(session_id):
-            raise ValueError("session id must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+        if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
+            raise ValueError("session id must be a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
         if session_id in self._sessions:
             raise KeyError(f"session {session_id} exists")
-        journal = SessionJournal(self.journal_dir / f"{session_id}.jsonl", fsync=self._fsync)
-        journal.append({"kind": "session", "id": session_id, "model": model, "config": asdict(config)})
+        header = {"kind": "session", "id": session_id, "model": model, "config": asdict(config)}
+        try:
+            journal = self._files.create(self.journal_dir / f"{session_id}.jsonl", header)
+        except FileExistsError:
+            raise KeyError(f"session {session_id} exists (its journal is on disk)") from None
+        except TypeError as exc:  # orjson: nested too deep, an integer past 64 bits, ...
+            raise ValueError(f"session settings can't be journaled: {exc}") from None
         session = Session(session_id, config, journal, model)
         self._sessions[session_id] = session
         return session
@@ -200,7 +214,8 @@ class SessionRegistry:
             if head is None or head.get("kind") != "session" or head["id"] in self._sessions:
                 continue
             config = SessionConfig(**head["config"])
-            session = Session(head["id"], config, SessionJournal(path, fsync=self._fsync), head["model"])
+            truncate_torn_tail(path)
+            session = Session(head["id"], config, self._files.journal(path), head["model"])
             ends: dict[str, list[int]] = {}  # node id -> prompt + sampled ids
             for rec in records:
                 base = rec["base"]
@@ -223,8 +238,8 @@ class SessionRegistry:
         return len(self._sessions)
 
     def close(self) -> None:
-        for session in self._sessions.values():
-            session.journal.close()
+        """Close the journals' descriptors."""
+        self._files.close_all()
 
 
 def _request_delta(request: dict[str, Any], base_id: str | None, base: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""Resources the proxy holds are bounded by its settings, not by how many sessions it saw: journal
+descriptors (5,000 sessions under a 1024 open-file limit, created and recovered), and what a failed
+session creation leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.proxy import proxy_processes as procs
+from tests.proxy.proxy_stack import Stack, agent_turns
+
+SESSIONS = 5000
+WITH_CALLS = 200  # sessions that also record a call (keeps the test's time bounded)
+
+
+async def _gather_bounded(coros: list[Awaitable[Any]], limit: int = 32) -> list[Any]:
+    """``asyncio.gather`` with at most ``limit`` awaiting at once (bounded load on the proxy)."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(coro: Awaitable[Any]) -> Any:
+        async with gate:
+            return await coro
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+async def _create(http: aiohttp.ClientSession, url: str, **config: object) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {procs.ADMIN_KEY}"}
+    async with http.post(f"{url}/sessions", json=config, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+def test_sessions_are_not_bounded_by_the_open_file_limit(tmp_path: Path) -> None:
+    """5,000 sessions under RLIMIT_NOFILE 1024: all created, 200 with a recorded call, all recovered after a
+    SIGKILL, the recovered ones still capture, and the proxy holds few journal descriptors throughout."""
+    limits = {resource.RLIMIT_NOFILE: 1024}
+    with procs.fake_engine() as engine:
+
+        async def fill(url: str, pid: int) -> tuple[list[str], dict[str, dict]]:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as http:
+                created = await _gather_bounded([_create(http, url, purpose="eval") for _ in range(SESSIONS)])
+                failed = [answer for status, answer in created if status != 201]
+                assert not failed, f"{len(failed)} of {SESSIONS} creations failed, e.g. {failed[0]}"
+                keys = [answer["api_key"] for _, answer in created]
+                stack = Stack(None, url, http, procs.ADMIN_KEY)
+                await _gather_bounded([agent_turns(stack, key, 1, marker=key) for key in keys[:WITH_CALLS]])
+                assert len(procs.open_files_under(pid, tmp_path)) <= 128  # --max-open-journals default
+                traces = await _gather_bounded([stack.trace(key) for key in keys[:WITH_CALLS]], 8)
+                return keys, dict(zip(keys[:WITH_CALLS], traces, strict=True))
+
+        async def check(url: str, keys: list[str], before: dict[str, dict]) -> None:
+            async with aiohttp.ClientSession() as http:
+                stack = Stack(None, url, http, procs.ADMIN_KEY)
+                async with http.get(f"{url}/sessions", headers=stack.admin_headers) as resp:
+                    assert sorted(s["id"] for s in (await resp.json())["sessions"]) == sorted(keys)
+                after = await _gather_bounded([stack.trace(key) for key in before], 8)
+                assert dict(zip(before, after, strict=True)) == before
+                await agent_turns(stack, keys[-1], 1)  # a recovered session without calls records one
+                status, answer = await _create(http, url, purpose="eval")
+                assert status == 201, answer
+
+        with procs.proxy(procs.url(engine), tmp_path, limits=limits) as proxy:
+            assert procs.soft_limit(proxy.pid, "Max open files") == 1024
+            keys, before = asyncio.run(fill(procs.url(proxy), proxy.pid))
+            proxy.kill()
+        with procs.proxy(procs.url(engine), tmp_path, limits=limits) as proxy:
+            assert proxy.match["counts"].split()[0] == f"sessions={SESSIONS}"
+            asyncio.run(check(procs.url(proxy), keys, before))
+            assert len(procs.open_files_under(proxy.pid, tmp_path)) <= 128
+
+
+def test_a_failed_session_creation_leaves_no_descriptor_and_no_journal(tmp_path: Path) -> None:
+    """Settings that can't be journaled (400) and a journal write the disk refuses (503, simulated with
+    RLIMIT_FSIZE) leave no file and no open descriptor; a record the disk refuses part-way is cut back off,
+    so the session keeps recording and recovers exactly."""
+    journals = tmp_path / "journals"
+    nested: dict = {}
+    leaf = nested
+    for _ in range(300):  # JSON the proxy can read but not write (orjson nests at most 255 deep)
+        leaf["x"] = {}
+        leaf = leaf["x"]
+    with procs.fake_engine() as engine:
+
+        async def drive(url: str, pid: int) -> tuple[str, dict]:
+            async with aiohttp.ClientSession() as http:
+                stack = Stack(None, url, http, procs.ADMIN_KEY)
+                for session_id, config, expected in (
+                    ("nested", {"metadata": nested}, 400),
+                    ("too-big", {"metadata": {"blob": "x" * 100_000}}, 503),  # past the 64 KiB file-size limit
+                ):
+                    status, answer = await _create(http, url, session_id=session_id, purpose="eval", **config)
+                    assert status == expected, answer
+                    assert list(journals.iterdir()) == [], f"{session_id}: a journal was left behind"
+                    assert procs.open_files_under(pid, journals) == [], f"{session_id}: a descriptor leaked"
+                status, answer = await _create(http, url, session_id="kept", purpose="eval")
+                assert status == 201, answer
+                status, _ = await stack.chat("kept", [{"role": "user", "content": "y" * 70_000}])
+                assert status != 200  # its record does not fit under the limit: the call fails
+                replies = await agent_turns(stack, "kept", 2)  # and later records still fit
+                return "kept", replies
+
+        with procs.proxy(procs.url(engine), journals, limits={resource.RLIMIT_FSIZE: 64 * 1024}) as proxy:
+            key, replies = asyncio.run(drive(procs.url(proxy), proxy.pid))
+        with procs.proxy(procs.url(engine), journals) as proxy:
+            assert proxy.match["counts"].split()[0] == "sessions=1"
+
+            async def trace() -> dict:
+                async with aiohttp.ClientSession() as http:
+                    return await Stack(None, procs.url(proxy), http, procs.ADMIN_KEY).trace(key)
+
+            turns = asyncio.run(trace())["turns"]
+            assert [t["completion_token_ids"] for t in turns] == [r["choices"][0]["token_ids"] for r in replies]
