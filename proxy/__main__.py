@@ -61,7 +61,8 @@ async def serve(config: ProxyConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     key_note = "" if config.admin_key else f" admin_key={proxy.admin_key}"
-    print(f"proxy listening on http://{config.host}:{port} sessions={len(proxy.sessions)}{key_note}", flush=True)
+    counts = f"sessions={len(proxy.sessions)} quarantined_journals={len(proxy.sessions.quarantined)}"
+    print(f"proxy listening on http://{config.host}:{port} {counts}{key_note}", flush=True)
     await stop.wait()
     await proxy.stop()
 

@@ -1,4 +1,4 @@
-"""Per-session append-only journal on disk.
+"""Per-session append-only journals on disk, and reading them back.
 
 Contract: ``SessionJournal.append(record)`` writes one JSON line with a single
 ``write(2)`` on an ``O_APPEND`` descriptor before returning, so a record the
@@ -15,9 +15,10 @@ its open-file limit; an active session keeps its descriptor and appends with
 one ``write(2)``.
 
 ``JournalFiles.create`` makes a new journal exclusively, with its first record,
-or leaves nothing on disk. ``read_journal`` returns every complete record; a
-torn last line (a write cut by a crash) is ignored, and ``truncate_torn_tail``
-removes it before the journal is appended to again.
+or leaves nothing on disk. ``read_journal`` returns every complete record and
+where the complete part ends; a torn last line (a write cut by a crash) is not
+a record, and ``cut_torn_tail`` removes it. Anything else that can't be read as
+a journal raises ``JournalError``; ``quarantine`` moves such a file aside.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+
+
+class JournalError(Exception):
+    """A file that can't be read as a session journal."""
 
 
 class JournalFiles:
@@ -169,19 +174,59 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def read_journal(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield the complete records of a journal file, in append order."""
-    with path.open("rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                return
-            yield orjson.loads(line)
+class JournalContents(NamedTuple):
+    """What ``read_journal`` found: the complete records, and the file's size and complete part."""
+
+    records: list[dict[str, Any]]
+    size: int
+    complete_size: int  # bytes up to the last newline; past it is a torn record
+
+    @property
+    def torn(self) -> bool:
+        return self.complete_size != self.size
 
 
-def truncate_torn_tail(path: Path) -> None:
-    """Cut a torn last line off, so appends start on a line of their own."""
-    data = path.read_bytes()
-    cut = data.rfind(b"\n") + 1
-    if cut != len(data):
+def read_journal(path: Path) -> JournalContents:
+    """Every complete record of a journal file, in append order (``JournalError`` if it isn't one).
+
+    A torn last line is not an error (a crash mid-write leaves one); a complete line that is not a
+    JSON object is, as is a file that is not a regular file.
+    """
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise JournalError("not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise JournalError(f"unreadable: {exc}") from None
+    complete = data.rfind(b"\n") + 1
+    records = []
+    for number, line in enumerate(data[:complete].split(b"\n")[:-1], start=1):
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise JournalError(f"line {number} is not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise JournalError(f"line {number} is not a JSON object")
+        records.append(record)
+    return JournalContents(records, len(data), complete)
+
+
+def cut_torn_tail(path: Path, contents: JournalContents) -> None:
+    """Remove the torn last line ``read_journal`` found, so appends start on a line of their own."""
+    if contents.torn:
         with path.open("r+b") as f:
-            f.truncate(cut)
+            f.truncate(contents.complete_size)
+
+
+def quarantine(path: Path, directory: Path) -> Path:
+    """Move ``path`` into ``directory`` (made if needed) under a name not taken there; returns the new path."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    target = directory / path.name
+    n = 0
+    while target.exists() or target.is_symlink():
+        n += 1
+        target = directory / f"{path.name}.{n}"
+    os.rename(path, target)
+    return target

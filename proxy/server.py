@@ -128,6 +128,12 @@ class CaptureProxy:
         recovered = self.sessions.recover()
         if recovered:
             log.info("recovered %d session(s) from %s", recovered, self.config.journal_dir)
+        if self.sessions.quarantined:
+            log.warning(
+                "%d journal(s) could not be recovered and were moved to %s",
+                len(self.sessions.quarantined),
+                self.sessions.quarantine_dir,
+            )
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
@@ -268,7 +274,8 @@ class CaptureProxy:
         return _json({"status": "ok", "sessions": len(self.sessions)})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        text = self.metrics.render(self.sessions, sum(c.retry_count for c in self._clients.values()))
+        retries = sum(c.retry_count for c in self._clients.values())
+        text = self.metrics.render(self.sessions, retries, quarantined_journals=len(self.sessions.quarantined))
         return web.Response(text=text, content_type="text/plain")
 
     async def _list_models(self, request: web.Request) -> web.Response:
