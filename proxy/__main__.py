@@ -26,7 +26,9 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         help="control-plane key (env HARNESS_PROXY_ADMIN_KEY); minted and printed if unset on loopback",
     )
     p.add_argument("--keepalive-s", type=float, default=10.0)
-    p.add_argument("--upstream-timeout-s", type=float, default=600.0)
+    p.add_argument(
+        "--upstream-timeout-s", type=float, default=600.0, help="one engine call's whole budget, retries included"
+    )
     p.add_argument("--upstream-retries", type=int, default=3)
     p.add_argument("--upstream-backoff-s", type=float, default=2.0)
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)

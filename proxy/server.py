@@ -65,7 +65,7 @@ class ProxyConfig:
     model: str | None = None  # served name upstream; None: the engine's first model
     keepalive_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
-    upstream_timeout_s: float = 600.0
+    upstream_timeout_s: float = 600.0  # one engine call's whole budget, its retries included
     upstream_retries: int = 3
     upstream_backoff_s: float = 2.0
     max_upstream_connections: int = 256
