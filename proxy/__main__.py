@@ -32,6 +32,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--upstream-retries", type=int, default=3)
     p.add_argument("--upstream-backoff-s", type=float, default=2.0)
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument("--max-engine-clients", type=int, default=16, help="engine URLs with an open connection pool")
     p.add_argument("--max-open-journals", type=int, default=128, help="journal descriptors held open at once")
     p.add_argument("--fsync", action="store_true", help="fsync the journal on every call (survives power loss)")
     p.add_argument("--no-probe", action="store_true", help="skip the engine tier probe at session creation")
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         upstream_retries=a.upstream_retries,
         upstream_backoff_s=a.upstream_backoff_s,
         max_body_bytes=a.max_body_bytes,
+        max_engine_clients=a.max_engine_clients,
         max_open_journals=a.max_open_journals,
         fsync=a.fsync,
         probe_engines=not a.no_probe,

@@ -93,8 +93,24 @@ def extract_capture(response: dict[str, Any]) -> Capture:
     return Capture(prompt_ids, sampled_ids, logprobs)
 
 
+def engine_base_url(url: str) -> str:
+    """The form engine URLs are compared and cached in: ``http://host:port`` with no ``/v1`` or trailing slash."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+@dataclass
+class EngineCounters:
+    """Counters that outlive a client (shared by the clients of one proxy)."""
+
+    retries: int = 0
+
+
 class EngineClient:
-    """A pooled client for one engine base URL (``http://host:port``, no ``/v1``)."""
+    """A pooled client for one engine base URL (``http://host:port``, no ``/v1``).
+
+    ``retire()`` ends it as a cached client: its pool closes as soon as no call is in flight (at
+    once if idle); a call made on it afterwards still works and closes the pool again when done.
+    """
 
     def __init__(
         self,
@@ -106,18 +122,26 @@ class EngineClient:
         backoff_s: float = 2.0,
         max_retry_after_s: float = 60.0,
         api_key: str | None = None,
+        counters: EngineCounters | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.base_url = engine_base_url(base_url)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_retry_after_s = max_retry_after_s
+        self.counters = counters or EngineCounters()
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        self.retry_count = 0
+        self._in_flight = 0
+        self._retired = False
+
+    @property
+    def retry_count(self) -> int:
+        """Retries counted in ``counters`` (this client's, or every client's sharing them)."""
+        return self.counters.retries
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -129,10 +153,17 @@ class EngineClient:
         return self._session
 
     async def close(self) -> None:
-        """Close pooled connections."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close pooled connections (a later call opens a new pool)."""
+        session, self._session = self._session, None  # a call starting while this closes gets a new pool
+        if session is not None:
+            await session.close()
+
+    def retire(self) -> asyncio.Task[None] | None:
+        """Close the pool once no call is in flight; returns the closing task when that is now."""
+        self._retired = True
+        if self._in_flight or self._session is None:
+            return None
+        return asyncio.get_running_loop().create_task(self.close())
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """One non-streaming chat completion, retried on transient failures within ``timeout_s``."""
@@ -141,6 +172,7 @@ class EngineClient:
     async def get_json(self, path: str) -> dict[str, Any]:
         """GET a JSON object route (``/v1/models``, ``/health``) within ``timeout_s``; any failure is an
         ``UpstreamError`` (502)."""
+        self._in_flight += 1
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._http().get(self.base_url + path, headers=self._headers) as resp:
@@ -152,6 +184,10 @@ class EngineClient:
             raise UpstreamError(502, f"engine {path} unreachable: {type(exc).__name__}: {exc}") from None
         except orjson.JSONDecodeError:
             raise UpstreamError(502, f"engine {path} answered invalid JSON") from None
+        finally:
+            self._in_flight -= 1
+            if self._retired and not self._in_flight:
+                await self.close()
         if not isinstance(answer, dict):
             raise UpstreamError(502, f"engine {path} answered {type(answer).__name__}, not a JSON object")
         return answer
@@ -162,42 +198,48 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s  # the whole call's budget: attempts and waits
         attempt = 0
-        while True:
-            delay = self.backoff_s * (2**attempt)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    async with self._http().post(url, data=payload, headers=self._headers) as resp:
-                        status = resp.status
-                        data = await resp.read()
-                        retry_after = resp.headers.get("Retry-After")
-            except TimeoutError:  # the budget is spent: never retried
-                raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-                failure = UpstreamError(502, f"engine unreachable ({exc})")
-            else:
-                if status == 200:
-                    try:
-                        parsed = orjson.loads(data)
-                    except orjson.JSONDecodeError as exc:
-                        raise MalformedUpstream(f"invalid JSON ({exc})") from None
-                    if not isinstance(parsed, dict):
-                        raise MalformedUpstream("response is not a JSON object")
-                    return parsed
-                message = _error_message(data) or f"engine answered HTTP {status}"
-                failure = UpstreamError(status if 400 <= status < 500 else 502, message)
-                if status not in RETRYABLE_STATUS:
+        self._in_flight += 1
+        try:
+            while True:
+                delay = self.backoff_s * (2**attempt)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        async with self._http().post(url, data=payload, headers=self._headers) as resp:
+                            status = resp.status
+                            data = await resp.read()
+                            retry_after = resp.headers.get("Retry-After")
+                except TimeoutError:  # the budget is spent: never retried
+                    raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                    failure = UpstreamError(502, f"engine unreachable ({exc})")
+                else:
+                    if status == 200:
+                        try:
+                            parsed = orjson.loads(data)
+                        except orjson.JSONDecodeError as exc:
+                            raise MalformedUpstream(f"invalid JSON ({exc})") from None
+                        if not isinstance(parsed, dict):
+                            raise MalformedUpstream("response is not a JSON object")
+                        return parsed
+                    message = _error_message(data) or f"engine answered HTTP {status}"
+                    failure = UpstreamError(status if 400 <= status < 500 else 502, message)
+                    if status not in RETRYABLE_STATUS:
+                        raise failure
+                    if retry_after is not None:
+                        with contextlib.suppress(ValueError):
+                            delay = min(max(float(retry_after), 0.0), self.max_retry_after_s)
+                if attempt >= self.retries:
                     raise failure
-                if retry_after is not None:
-                    with contextlib.suppress(ValueError):
-                        delay = min(max(float(retry_after), 0.0), self.max_retry_after_s)
-            if attempt >= self.retries:
-                raise failure
-            if loop.time() + delay >= deadline:
-                failure.args = (f"{failure} (not retried: the call's {self.timeout_s:g} s budget ends first)",)
-                raise failure
-            attempt += 1
-            self.retry_count += 1
-            await asyncio.sleep(delay)
+                if loop.time() + delay >= deadline:
+                    failure.args = (f"{failure} (not retried: the call's {self.timeout_s:g} s budget ends first)",)
+                    raise failure
+                attempt += 1
+                self.counters.retries += 1
+                await asyncio.sleep(delay)
+        finally:
+            self._in_flight -= 1
+            if self._retired and not self._in_flight:
+                await self.close()
 
 
 def _error_message(data: bytes) -> str | None:

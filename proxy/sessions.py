@@ -18,13 +18,14 @@ import logging
 import re
 import secrets
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from proxy.capture_graph import CaptureGraph
-from proxy.engine_client import Capture
+from proxy.engine_client import Capture, engine_base_url
 from proxy.journal import JournalError, JournalFiles, SessionJournal, cut_torn_tail, quarantine, read_journal
 from proxy.sampling_policy import SamplingPolicy
 
@@ -174,6 +175,7 @@ class SessionRegistry:
         self.quarantined: list[tuple[str, str]] = []  # (file name, why) of journals recovery set aside
         self._files = JournalFiles(max_open_journals, fsync=fsync)
         self._sessions: dict[str, Session] = {}
+        self._engines: Counter[str | None] = Counter()  # engine base URL (None: the default) -> sessions
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -184,6 +186,10 @@ class SessionRegistry:
     def get(self, session_id: str | None) -> Session | None:
         """The session whose id equals the key, or None (dict lookup on the hashed key)."""
         return self._sessions.get(session_id) if session_id else None
+
+    def uses_engine(self, base_url: str) -> bool:
+        """Whether a live session pinned the engine at ``base_url`` (``engine_base_url`` form)."""
+        return self._engines[base_url] > 0
 
     def create(self, config: SessionConfig, model: str, session_id: str | None = None) -> Session:
         """Register a session; ``session_id`` None mints one.
@@ -208,6 +214,7 @@ class SessionRegistry:
 
     def _add(self, session: Session) -> Session:
         self._sessions[session.id] = session
+        self._engines[_engine_key(session.config.llm_url)] += 1
         return session
 
     def delete(self, session_id: str) -> bool:
@@ -215,6 +222,10 @@ class SessionRegistry:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return False
+        key = _engine_key(session.config.llm_url)
+        self._engines[key] -= 1
+        if not self._engines[key]:
+            del self._engines[key]
         session.journal.delete()
         return True
 
@@ -280,6 +291,10 @@ class SessionRegistry:
     def close(self) -> None:
         """Close the journals' descriptors."""
         self._files.close_all()
+
+
+def _engine_key(llm_url: str | None) -> str | None:
+    return engine_base_url(llm_url) if llm_url else None
 
 
 def _request_delta(request: dict[str, Any], base_id: str | None, base: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,19 +1,23 @@
-"""Resources the proxy holds are bounded by its settings, not by how many sessions it saw: journal
-descriptors (5,000 sessions under a 1024 open-file limit, created and recovered), and what a failed
-session creation leaves behind."""
+"""Resources the proxy holds are bounded by its settings, not by how many sessions or engines it saw:
+journal descriptors (5,000 sessions under a 1024 open-file limit, created and recovered), what a failed
+session creation leaves behind, and engine clients per ``llm_url``."""
 
 from __future__ import annotations
 
 import asyncio
 import resource
+import socket
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
+from proxy.client import ProxyClientError
 from tests.proxy import proxy_processes as procs
-from tests.proxy.proxy_stack import Stack, agent_turns
+from tests.proxy.proxy_stack import Stack, agent_turns, run_stack
+from tests.support.wait import until
 
 SESSIONS = 5000
 WITH_CALLS = 200  # sessions that also record a call (keeps the test's time bounded)
@@ -116,3 +120,51 @@ def test_a_failed_session_creation_leaves_no_descriptor_and_no_journal(tmp_path:
 
             turns = asyncio.run(trace())["turns"]
             assert [t["completion_token_ids"] for t in turns] == [r["choices"][0]["token_ids"] for r in replies]
+
+
+def _established_to(port: int) -> int:
+    """IPv4 TCP connections of this machine in ESTABLISHED state whose remote end is 127.0.0.1:``port``."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state = fields[2], fields[3]
+        if state == "01" and remote == f"0100007F:{port:04X}":
+            count += 1
+    return count
+
+
+def test_engine_clients_are_bounded_and_closed_when_unused(tmp_path: Path) -> None:
+    """Each distinct ``llm_url`` got a client with a pool that stayed open forever: now at most
+    ``max_engine_clients`` pools are open, the pool of an engine no session uses any more is closed, and a
+    failed creation keeps none."""
+
+    async def body(stack: Stack) -> None:
+        assert stack.proxy is not None
+        engine = stack.proxy.config.engine_url
+        port = int(engine.rsplit(":", 1)[1])
+        urls = [f"http://agent{i}@127.0.0.1:{port}" for i in range(12)]  # distinct URLs, one engine
+        keys = [await stack.create_session(purpose="eval", llm_url=u) for u in urls]
+        await asyncio.gather(*(agent_turns(stack, key, 1, marker=key) for key in keys))
+        await until(lambda: _established_to(port) <= 4, "more engine pools open than max_engine_clients")
+        await agent_turns(stack, keys[0], 1, marker="again")  # an evicted engine's session still works
+        await until(lambda: _established_to(port) <= 4, "an evicted engine's pool stayed open")
+        for key in keys:
+            await asyncio.to_thread(stack.admin.delete, key)
+        await until(lambda: _established_to(port) == 0, "the pool of an engine no session uses stayed open")
+        for i in range(6):  # the engine refuses the tier probe: every creation fails after connecting
+            stack.engine.faults = [("status", 400)]
+            with pytest.raises(ProxyClientError) as refused:
+                await stack.create_session(llm_url=f"http://failed{i}@127.0.0.1:{port}")
+            assert refused.value.status == 502
+        with socket.socket() as closed_port:  # bound, never listening: connections are refused
+            closed_port.bind(("127.0.0.1", 0))
+            with pytest.raises(ProxyClientError):
+                await stack.create_session(llm_url=f"http://127.0.0.1:{closed_port.getsockname()[1]}")
+        await until(lambda: _established_to(port) == 0, "a failed creation kept its engine's pool open")
+        assert list(stack.proxy._clients) == []
+        key = await stack.create_session(purpose="eval")  # the default engine: kept while the proxy runs
+        await agent_turns(stack, key, 1)
+        await asyncio.to_thread(stack.admin.delete, key)
+        assert list(stack.proxy._clients) == [engine]
+
+    run_stack(body, tmp_path, max_engine_clients=4)
