@@ -88,6 +88,8 @@ class JournalFiles:
 
     def _acquire(self, journal: SessionJournal) -> int:
         with self._lock:
+            if journal._deleted:  # its path may belong to a new session of the same id by now
+                raise FileNotFoundError(errno.ENOENT, "the journal's session was deleted", str(journal.path))
             fd = self._open.get(journal)
             if fd is None:
                 fd = os.open(journal.path, _APPEND)  # never O_CREAT: a journal removed under us is an error
@@ -128,13 +130,14 @@ class JournalFiles:
 class SessionJournal:
     """The journal file of one session; its descriptor lives in the shared ``JournalFiles``."""
 
-    __slots__ = ("_closing", "_files", "_pins", "path")
+    __slots__ = ("_closing", "_deleted", "_files", "_pins", "path")
 
     def __init__(self, path: Path, files: JournalFiles) -> None:
         self.path = path
         self._files = files
         self._pins = 0  # appends in progress (guarded by the files' lock)
         self._closing = False
+        self._deleted = False
 
     def append(self, record: dict[str, Any]) -> None:
         """Durably append one record (see module contract)."""
@@ -151,7 +154,8 @@ class SessionJournal:
         self._files._close(self)
 
     def delete(self) -> None:
-        """Close and remove the file."""
+        """Close and remove the file; later appends fail (``FileNotFoundError``), never reopen the path."""
+        self._deleted = True
         self.close()
         self.path.unlink(missing_ok=True)
 

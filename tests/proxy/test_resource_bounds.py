@@ -168,3 +168,26 @@ def test_engine_clients_are_bounded_and_closed_when_unused(tmp_path: Path) -> No
         assert list(stack.proxy._clients) == [engine]
 
     run_stack(body, tmp_path, max_engine_clients=4)
+
+
+def test_a_call_of_a_deleted_session_never_writes_into_the_journal_of_its_successor(tmp_path: Path) -> None:
+    """Journals reopen their file on demand; a session deleted mid-call must not reopen its path once a new
+    session of the same id owns it, or the old call's turn would land in the new session's trace."""
+
+    async def body(stack: Stack) -> None:
+        assert stack.engine is not None
+        await stack.create_session(session_id="reused")
+        engine_done = asyncio.Event()
+        stack.engine.faults = [("hold", engine_done)]
+        calls = stack.engine.calls
+        old_call = asyncio.create_task(stack.chat("reused", [{"role": "user", "content": "old"}]))
+        await until(lambda: stack.engine.calls == calls + 1, "the old session's call did not reach the engine")
+        await asyncio.to_thread(stack.admin.delete, "reused")
+        await stack.create_session(session_id="reused")
+        engine_done.set()
+        await old_call  # its answer is the model-call path's business; where its turn went is this test's
+        assert (await stack.trace("reused"))["turns"] == []
+        journal = (tmp_path / "reused.jsonl").read_bytes()
+        assert journal.count(b"\n") == 1, journal[:500]  # the new session's header only
+
+    run_stack(body, tmp_path)
