@@ -80,11 +80,14 @@ class JournalFiles:
         return journal
 
     def close_all(self) -> None:
-        """Close every descriptor (the journals stay usable: an append reopens)."""
+        """Close every descriptor, one mid-write when its write ends (the journals stay usable: an
+        append reopens)."""
         with self._lock:
-            while self._open:
-                _journal, fd = self._open.popitem(last=False)
-                os.close(fd)
+            for journal in list(self._open):
+                if journal._pins:
+                    journal._closing = True
+                else:
+                    os.close(self._open.pop(journal))
 
     def _acquire(self, journal: SessionJournal) -> int:
         with self._lock:
