@@ -26,10 +26,14 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         help="control-plane key (env HARNESS_PROXY_ADMIN_KEY); minted and printed if unset on loopback",
     )
     p.add_argument("--keepalive-s", type=float, default=10.0)
-    p.add_argument("--upstream-timeout-s", type=float, default=600.0)
+    p.add_argument(
+        "--upstream-timeout-s", type=float, default=600.0, help="one engine call's whole budget, retries included"
+    )
     p.add_argument("--upstream-retries", type=int, default=3)
     p.add_argument("--upstream-backoff-s", type=float, default=2.0)
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    p.add_argument("--max-engine-clients", type=int, default=16, help="engine URLs with an open connection pool")
+    p.add_argument("--max-open-journals", type=int, default=128, help="journal descriptors held open at once")
     p.add_argument("--fsync", action="store_true", help="fsync the journal on every call (survives power loss)")
     p.add_argument("--no-probe", action="store_true", help="skip the engine tier probe at session creation")
     a = p.parse_args(argv)
@@ -45,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         upstream_retries=a.upstream_retries,
         upstream_backoff_s=a.upstream_backoff_s,
         max_body_bytes=a.max_body_bytes,
+        max_engine_clients=a.max_engine_clients,
+        max_open_journals=a.max_open_journals,
         fsync=a.fsync,
         probe_engines=not a.no_probe,
     )
@@ -59,7 +65,8 @@ async def serve(config: ProxyConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     key_note = "" if config.admin_key else f" admin_key={proxy.admin_key}"
-    print(f"proxy listening on http://{config.host}:{port} sessions={len(proxy.sessions)}{key_note}", flush=True)
+    counts = f"sessions={len(proxy.sessions)} quarantined_journals={len(proxy.sessions.quarantined)}"
+    print(f"proxy listening on http://{config.host}:{port} {counts}{key_note}", flush=True)
     await stop.wait()
     await proxy.stop()
 

@@ -3,7 +3,10 @@
 Contract: ``EngineClient.chat(body)`` POSTs one non-streaming chat completion
 and returns the parsed JSON, retrying 408/409/429/5xx and connection errors
 with exponential backoff that honours ``Retry-After``; anything else raises
-``UpstreamError`` carrying the status to report to the agent.
+``UpstreamError`` carrying the status to report to the agent. One call has one
+time budget, ``timeout_s``, for all its attempts and waits together: an attempt
+may only use what is left of it, running out is a 504 that is never retried,
+and a retry whose wait would not leave time to try is not made.
 ``extract_capture(response)`` takes the exact ids and logprobs out of a vLLM
 chat response or raises ``MalformedUpstream``; it never re-tokenizes.
 ``probe_tier`` grades an engine: ``tokens`` (ids + processed logprobs: can
@@ -90,8 +93,24 @@ def extract_capture(response: dict[str, Any]) -> Capture:
     return Capture(prompt_ids, sampled_ids, logprobs)
 
 
+def engine_base_url(url: str) -> str:
+    """The form engine URLs are compared and cached in: ``http://host:port`` with no ``/v1`` or trailing slash."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+@dataclass
+class EngineCounters:
+    """Counters that outlive a client (shared by the clients of one proxy)."""
+
+    retries: int = 0
+
+
 class EngineClient:
-    """A pooled client for one engine base URL (``http://host:port``, no ``/v1``)."""
+    """A pooled client for one engine base URL (``http://host:port``, no ``/v1``).
+
+    ``retire()`` ends it as a cached client: its pool closes as soon as no call is in flight (at
+    once if idle); a call made on it afterwards still works and closes the pool again when done.
+    """
 
     def __init__(
         self,
@@ -103,49 +122,72 @@ class EngineClient:
         backoff_s: float = 2.0,
         max_retry_after_s: float = 60.0,
         api_key: str | None = None,
+        counters: EngineCounters | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.base_url = engine_base_url(base_url)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_retry_after_s = max_retry_after_s
+        self.counters = counters or EngineCounters()
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        self.retry_count = 0
+        self._in_flight = 0
+        self._retired = False
+
+    @property
+    def retry_count(self) -> int:
+        """Retries counted in ``counters`` (this client's, or every client's sharing them)."""
+        return self.counters.retries
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
+            # No session-wide timeout: every call bounds itself (``_post``, ``get_json``).
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s), json_serialize=None
+                connector=connector, timeout=aiohttp.ClientTimeout(), json_serialize=None
             )
         return self._session
 
     async def close(self) -> None:
-        """Close pooled connections."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close pooled connections (a later call opens a new pool)."""
+        session, self._session = self._session, None  # a call starting while this closes gets a new pool
+        if session is not None:
+            await session.close()
+
+    def retire(self) -> asyncio.Task[None] | None:
+        """Close the pool once no call is in flight; returns the closing task when that is now."""
+        self._retired = True
+        if self._in_flight or self._session is None:
+            return None
+        return asyncio.get_running_loop().create_task(self.close())
 
     async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One non-streaming chat completion, retried on transient failures."""
+        """One non-streaming chat completion, retried on transient failures within ``timeout_s``."""
         return await self._post("/v1/chat/completions", body)
 
     async def get_json(self, path: str) -> dict[str, Any]:
-        """GET a JSON object route (``/v1/models``, ``/health``); any failure is an ``UpstreamError`` (502)."""
+        """GET a JSON object route (``/v1/models``, ``/health``) within ``timeout_s``; any failure is an
+        ``UpstreamError`` (502)."""
+        self._in_flight += 1
         try:
-            async with self._http().get(self.base_url + path, headers=self._headers) as resp:
-                data = await resp.read()
-                if resp.status != 200:
-                    raise UpstreamError(502, f"engine {path} answered {resp.status}")
-                answer = orjson.loads(data)
+            async with asyncio.timeout(self.timeout_s):
+                async with self._http().get(self.base_url + path, headers=self._headers) as resp:
+                    data = await resp.read()
+                    if resp.status != 200:
+                        raise UpstreamError(502, f"engine {path} answered {resp.status}")
+                    answer = orjson.loads(data)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(502, f"engine {path} unreachable: {type(exc).__name__}: {exc}") from None
         except orjson.JSONDecodeError:
             raise UpstreamError(502, f"engine {path} answered invalid JSON") from None
+        finally:
+            self._in_flight -= 1
+            if self._retired and not self._in_flight:
+                await self.close()
         if not isinstance(answer, dict):
             raise UpstreamError(502, f"engine {path} answered {type(answer).__name__}, not a JSON object")
         return answer
@@ -153,13 +195,25 @@ class EngineClient:
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         payload = orjson.dumps(body)
         url = self.base_url + path
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s  # the whole call's budget: attempts and waits
         attempt = 0
-        while True:
-            delay = self.backoff_s * (2**attempt)
-            try:
-                async with self._http().post(url, data=payload, headers=self._headers) as resp:
-                    data = await resp.read()
-                    if resp.status == 200:
+        self._in_flight += 1
+        try:
+            while True:
+                delay = self.backoff_s * (2**attempt)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        async with self._http().post(url, data=payload, headers=self._headers) as resp:
+                            status = resp.status
+                            data = await resp.read()
+                            retry_after = resp.headers.get("Retry-After")
+                except TimeoutError:  # the budget is spent: never retried
+                    raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                    failure = UpstreamError(502, f"engine unreachable ({exc})")
+                else:
+                    if status == 200:
                         try:
                             parsed = orjson.loads(data)
                         except orjson.JSONDecodeError as exc:
@@ -167,21 +221,25 @@ class EngineClient:
                         if not isinstance(parsed, dict):
                             raise MalformedUpstream("response is not a JSON object")
                         return parsed
-                    message = _error_message(data) or f"engine answered HTTP {resp.status}"
-                    if resp.status not in RETRYABLE_STATUS or attempt >= self.retries:
-                        status = resp.status if 400 <= resp.status < 500 else 502
-                        raise UpstreamError(status, message)
-                    retry_after = resp.headers.get("Retry-After")
+                    message = _error_message(data) or f"engine answered HTTP {status}"
+                    failure = UpstreamError(status if 400 <= status < 500 else 502, message)
+                    if status not in RETRYABLE_STATUS:
+                        raise failure
                     if retry_after is not None:
                         with contextlib.suppress(ValueError):
                             delay = min(max(float(retry_after), 0.0), self.max_retry_after_s)
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
                 if attempt >= self.retries:
-                    kind = "timed out" if isinstance(exc, TimeoutError) else f"unreachable ({exc})"
-                    raise UpstreamError(504 if isinstance(exc, TimeoutError) else 502, f"engine {kind}") from None
-            attempt += 1
-            self.retry_count += 1
-            await asyncio.sleep(delay)
+                    raise failure
+                if loop.time() + delay >= deadline:
+                    failure.args = (f"{failure} (not retried: the call's {self.timeout_s:g} s budget ends first)",)
+                    raise failure
+                attempt += 1
+                self.counters.retries += 1
+                await asyncio.sleep(delay)
+        finally:
+            self._in_flight -= 1
+            if self._retired and not self._in_flight:
+                await self.close()
 
 
 def _error_message(data: bytes) -> str | None:

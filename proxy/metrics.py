@@ -31,7 +31,7 @@ class ProxyMetrics:
         self.call_latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
         self.call_latency_sum += seconds
 
-    def render(self, sessions: Iterable[Session], upstream_retries: int) -> str:
+    def render(self, sessions: Iterable[Session], upstream_retries: int, *, quarantined_journals: int = 0) -> str:
         """The Prometheus text exposition of every counter."""
         sessions = list(sessions)
         lines = []
@@ -46,6 +46,12 @@ class ProxyMetrics:
         metric("proxy_upstream_retries_total", "counter", "Engine calls retried.", upstream_retries)
         metric("proxy_sessions_created_total", "counter", "Sessions created.", self.sessions_created)
         metric("proxy_sessions", "gauge", "Live sessions.", len(sessions))
+        metric(
+            "proxy_quarantined_journals",
+            "gauge",
+            "Journals recovery could not read, moved to the quarantine directory at start.",
+            quarantined_journals,
+        )
         metric("proxy_captured_calls_total", "counter", "Calls recorded.", sum(s.stats.calls for s in sessions))
         metric("proxy_captured_completion_tokens_total", "counter", "Sampled tokens recorded.", self.captured_tokens)
         lines += ["# HELP proxy_call_seconds Wall time of a model call.", "# TYPE proxy_call_seconds histogram"]

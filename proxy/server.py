@@ -23,6 +23,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +37,11 @@ from proxy.dialects import COUNT_TOKENS_ROUTE, ROUTES, anthropic_messages, opena
 from proxy.dialects.base import ChatRequest, DialectError
 from proxy.engine_client import (
     EngineClient,
+    EngineCounters,
     EngineTier,
     MalformedUpstream,
     UpstreamError,
+    engine_base_url,
     extract_capture,
     probe_tier,
 )
@@ -65,16 +68,20 @@ class ProxyConfig:
     model: str | None = None  # served name upstream; None: the engine's first model
     keepalive_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
-    upstream_timeout_s: float = 600.0
+    upstream_timeout_s: float = 600.0  # one engine call's whole budget, its retries included
     upstream_retries: int = 3
     upstream_backoff_s: float = 2.0
     max_upstream_connections: int = 256
+    max_engine_clients: int = 16  # engine URLs with an open pool; least recently used closed first
+    max_open_journals: int = 128  # journal descriptors held open; sessions are not bounded by it
     fsync: bool = False
     probe_engines: bool = True
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK_HOSTS and not self.admin_key:
             raise ValueError(f"binding {self.host} (not loopback) requires an admin key")
+        if self.max_engine_clients < 1:
+            raise ValueError("max_engine_clients must be at least 1")
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -94,9 +101,13 @@ class CaptureProxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.admin_key = config.admin_key or secrets.token_urlsafe(24)
-        self.sessions = SessionRegistry(config.journal_dir, fsync=config.fsync)
+        self.sessions = SessionRegistry(
+            config.journal_dir, fsync=config.fsync, max_open_journals=config.max_open_journals
+        )
         self.metrics = ProxyMetrics()
-        self._clients: dict[str, EngineClient] = {}
+        self._clients: OrderedDict[str, EngineClient] = OrderedDict()  # base URL -> client, least recent first
+        self._engine_counters = EngineCounters()
+        self._closing: set[asyncio.Task[None]] = set()  # retired clients' pools being closed
         self._tiers: dict[tuple[str, str], EngineTier] = {}
         self._models: dict[str, str] = {}
         self._runner: web.AppRunner | None = None
@@ -125,6 +136,12 @@ class CaptureProxy:
         recovered = self.sessions.recover()
         if recovered:
             log.info("recovered %d session(s) from %s", recovered, self.config.journal_dir)
+        if self.sessions.quarantined:
+            log.warning(
+                "%d journal(s) could not be recovered and were moved to %s",
+                len(self.sessions.quarantined),
+                self.sessions.quarantine_dir,
+            )
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
@@ -136,12 +153,15 @@ class CaptureProxy:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        for client in self._clients.values():
-            await client.close()
+        while self._clients:
+            await self._clients.popitem()[1].close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         self.sessions.close()
 
     def _client(self, url: str | None) -> EngineClient:
-        url = (url or self.config.engine_url).rstrip("/").removesuffix("/v1")
+        """The pooled client of an engine; at most ``max_engine_clients`` are kept, least recently used retired."""
+        url = engine_base_url(url or self.config.engine_url)
         client = self._clients.get(url)
         if client is None:
             client = EngineClient(
@@ -150,9 +170,32 @@ class CaptureProxy:
                 timeout_s=self.config.upstream_timeout_s,
                 retries=self.config.upstream_retries,
                 backoff_s=self.config.upstream_backoff_s,
+                counters=self._engine_counters,
             )
             self._clients[url] = client
+            while len(self._clients) > self.config.max_engine_clients:
+                self._retire_client(next(iter(self._clients)))
+        else:
+            self._clients.move_to_end(url)
         return client
+
+    def _retire_client(self, url: str) -> None:
+        """Forget the engine at ``url``: its client closes once idle, its cached model and tier go."""
+        self._models.pop(url, None)
+        for key in [key for key in self._tiers if key[0] == url]:
+            del self._tiers[key]
+        client = self._clients.pop(url, None)
+        if client is not None and (closing := client.retire()) is not None:
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    def _drop_unused_client(self, llm_url: str | None) -> None:
+        """Retire the client of a session-pinned engine no live session uses (never the default engine's)."""
+        if llm_url is None:
+            return
+        url = engine_base_url(llm_url)
+        if url != engine_base_url(self.config.engine_url) and not self.sessions.uses_engine(url):
+            self._retire_client(url)
 
     async def _served_model(self, client: EngineClient, wanted: str | None) -> str:
         if wanted:
@@ -211,6 +254,15 @@ class CaptureProxy:
             config = SessionConfig(**body)
         except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             return _json(openai_chat.render_error(400, f"invalid session request: {exc}"), 400)
+        response = None
+        try:
+            response = await self._open_session(config, session_id)
+            return response
+        finally:
+            if response is None or response.status != 201:  # a failed creation keeps no engine client
+                self._drop_unused_client(config.llm_url)
+
+    async def _open_session(self, config: SessionConfig, session_id: Any) -> web.Response:
         client = self._client(config.llm_url)
         try:
             model = await self._served_model(client, config.model or self.config.model)
@@ -226,6 +278,10 @@ class CaptureProxy:
         except (KeyError, ValueError) as exc:
             status = 409 if isinstance(exc, KeyError) else 400
             return _json(openai_chat.render_error(status, str(exc)), status)
+        except OSError as exc:  # nothing was registered or left on disk
+            log.error("could not create a session's journal: %s", exc)
+            message = f"could not write the session's journal: {exc}"
+            return _json(openai_chat.render_error(503, message, "api_error"), 503)
         self.metrics.sessions_created += 1
         return _json({"session_id": session.id, "api_key": session.id, **session.describe()}, 201)
 
@@ -245,6 +301,7 @@ class CaptureProxy:
     async def _delete_session(self, request: web.Request) -> web.Response:
         session = self._session_or_404(request)
         self.sessions.delete(session.id)
+        self._drop_unused_client(session.config.llm_url)
         return _json({"deleted": session.id})
 
     async def _get_trace(self, request: web.Request) -> web.Response:
@@ -261,7 +318,9 @@ class CaptureProxy:
         return _json({"status": "ok", "sessions": len(self.sessions)})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        text = self.metrics.render(self.sessions, sum(c.retry_count for c in self._clients.values()))
+        text = self.metrics.render(
+            self.sessions, self._engine_counters.retries, quarantined_journals=len(self.sessions.quarantined)
+        )
         return web.Response(text=text, content_type="text/plain")
 
     async def _list_models(self, request: web.Request) -> web.Response:

@@ -5,26 +5,33 @@ caller-chosen id matching ``SESSION_ID_RE``). A session pins its engine, its
 purpose (``train`` pins a ``SamplingPolicy``; ``eval`` passes sampling
 through), a model-call budget and a max output length, and owns one
 ``CaptureGraph`` and one journal. ``SessionRegistry.recover()`` rebuilds every
-session from its journal, so a restarted proxy serves the same traces.
+session from its journal, so a restarted proxy serves the same traces; a file
+it can't rebuild a session from is moved to ``quarantine/`` beside the
+journals, never a reason not to start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import logging
 import re
 import secrets
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from proxy.capture_graph import CaptureGraph
-from proxy.engine_client import Capture
-from proxy.journal import SessionJournal, read_journal
+from proxy.engine_client import Capture, engine_base_url
+from proxy.journal import JournalError, JournalFiles, SessionJournal, cut_torn_tail, quarantine, read_journal
 from proxy.sampling_policy import SamplingPolicy
 
+log = logging.getLogger("proxy")
+
+QUARANTINE_DIR = "quarantine"  # under the journal directory: journals recovery could not read
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -153,13 +160,22 @@ class Session:
 
 
 class SessionRegistry:
-    """All live sessions of one proxy, backed by journals in ``journal_dir``."""
+    """All live sessions of one proxy, backed by journals in ``journal_dir``.
 
-    def __init__(self, journal_dir: Path, *, fsync: bool = False) -> None:
+    Journals share ``max_open_journals`` descriptors (``JournalFiles``), so the number of sessions
+    is not bounded by the open-file limit. ``recover()`` moves every ``*.jsonl`` file it can't
+    rebuild a session from into ``journal_dir/quarantine/`` (listed in ``quarantined``) and
+    recovers the rest; a torn last record (a crash mid-write) loses only that record.
+    """
+
+    def __init__(self, journal_dir: Path, *, fsync: bool = False, max_open_journals: int = 128) -> None:
         self.journal_dir = journal_dir
         self.journal_dir.mkdir(parents=True, exist_ok=True)
-        self._fsync = fsync
+        self.quarantine_dir = journal_dir / QUARANTINE_DIR
+        self.quarantined: list[tuple[str, str]] = []  # (file name, why) of journals recovery set aside
+        self._files = JournalFiles(max_open_journals, fsync=fsync)
         self._sessions: dict[str, Session] = {}
+        self._engines: Counter[str | None] = Counter()  # engine base URL (None: the default) -> sessions
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -171,17 +187,34 @@ class SessionRegistry:
         """The session whose id equals the key, or None (dict lookup on the hashed key)."""
         return self._sessions.get(session_id) if session_id else None
 
+    def uses_engine(self, base_url: str) -> bool:
+        """Whether a live session pinned the engine at ``base_url`` (``engine_base_url`` form)."""
+        return self._engines[base_url] > 0
+
     def create(self, config: SessionConfig, model: str, session_id: str | None = None) -> Session:
-        """Register a session; ``session_id`` None mints one."""
+        """Register a session; ``session_id`` None mints one.
+
+        ``KeyError``: the id is taken (live, or a journal of that name on disk); ``ValueError``: a bad
+        id or settings that can't be journaled; ``OSError``: the journal could not be written. On
+        any failure nothing is registered and nothing is left on disk.
+        """
         session_id = session_id or mint_session_id()
-        if not SESSION_ID_RE.fullmatch(session_id):
-            raise ValueError("session id must match [A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+        if not isinstance(session_id, str) or not SESSION_ID_RE.fullmatch(session_id):
+            raise ValueError("session id must be a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
         if session_id in self._sessions:
             raise KeyError(f"session {session_id} exists")
-        journal = SessionJournal(self.journal_dir / f"{session_id}.jsonl", fsync=self._fsync)
-        journal.append({"kind": "session", "id": session_id, "model": model, "config": asdict(config)})
-        session = Session(session_id, config, journal, model)
-        self._sessions[session_id] = session
+        header = {"kind": "session", "id": session_id, "model": model, "config": asdict(config)}
+        try:
+            journal = self._files.create(self.journal_dir / f"{session_id}.jsonl", header)
+        except FileExistsError:
+            raise KeyError(f"session {session_id} exists (its journal is on disk)") from None
+        except TypeError as exc:  # orjson: nested too deep, an integer past 64 bits, ...
+            raise ValueError(f"session settings can't be journaled: {exc}") from None
+        return self._add(Session(session_id, config, journal, model))
+
+    def _add(self, session: Session) -> Session:
+        self._sessions[session.id] = session
+        self._engines[_engine_key(session.config.llm_url)] += 1
         return session
 
     def delete(self, session_id: str) -> bool:
@@ -189,42 +222,79 @@ class SessionRegistry:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return False
+        key = _engine_key(session.config.llm_url)
+        self._engines[key] -= 1
+        if not self._engines[key]:
+            del self._engines[key]
         session.journal.delete()
         return True
 
     def recover(self) -> int:
-        """Rebuild sessions from journals on disk; returns how many."""
+        """Rebuild sessions from journals on disk, quarantining what can't be read; returns how many."""
         for path in sorted(self.journal_dir.glob("*.jsonl")):
-            records = read_journal(path)
-            head = next(records, None)
-            if head is None or head.get("kind") != "session" or head["id"] in self._sessions:
+            try:
+                contents = read_journal(path)
+                session = self._replay(path, contents.records)
+            except Exception as exc:  # whatever it is, it is not a journal this proxy can serve
+                self._quarantine(path, f"{type(exc).__name__}: {exc}")
                 continue
-            config = SessionConfig(**head["config"])
-            session = Session(head["id"], config, SessionJournal(path, fsync=self._fsync), head["model"])
-            ends: dict[str, list[int]] = {}  # node id -> prompt + sampled ids
-            for rec in records:
-                base = rec["base"]
-                prompt_ids = ends[base] + rec["new_prompt_ids"] if base is not None else rec["new_prompt_ids"]
-                capture = Capture(prompt_ids, rec["sampled_ids"], rec["logprobs"])
-                ends[rec["node_id"]] = prompt_ids + rec["sampled_ids"]
-                request = _request_from_delta(rec["request"], session._requests)
-                session.graph.add_call(
-                    capture.prompt_ids,
-                    capture.sampled_ids,
-                    capture.logprobs,
-                    request,
-                    rec["response"],
-                    rec["metadata"],
-                    node_id=rec["node_id"],
-                )
-                session._requests[rec["node_id"]] = request
-                session._count(capture)
-            self._sessions[session.id] = session
+            if contents.torn:
+                lost = contents.size - contents.complete_size
+                log.warning("journal %s: dropped a torn last record (%d bytes; a crash mid-write)", path.name, lost)
+                cut_torn_tail(path, contents)
+            self._add(session)
         return len(self._sessions)
 
+    def _quarantine(self, path: Path, why: str) -> None:
+        try:
+            moved = quarantine(path, self.quarantine_dir)
+        except OSError as exc:
+            log.error("journal %s can't be recovered (%s) nor quarantined (%s); skipped", path.name, why, exc)
+        else:
+            log.error("journal %s can't be recovered (%s); moved to %s", path.name, why, moved)
+        self.quarantined.append((path.name, why))
+
+    def _replay(self, path: Path, records: list[dict[str, Any]]) -> Session:
+        """The session a journal's records describe; raises on anything that doesn't fit."""
+        if not records:
+            raise JournalError("no complete record")
+        head = records[0]
+        if head.get("kind") != "session":
+            raise JournalError("the first record is not a session record")
+        session_id = head.get("id")
+        if session_id != path.stem or session_id in self._sessions:
+            raise JournalError(f"session id {session_id!r} does not match the file name")
+        if not isinstance(head.get("model"), str) or not isinstance(head.get("config"), dict):
+            raise JournalError("the session record lacks a model or a config")
+        config = SessionConfig(**head["config"])
+        session = Session(session_id, config, self._files.journal(path), head["model"])
+        ends: dict[str, list[int]] = {}  # node id -> prompt + sampled ids
+        for rec in records[1:]:
+            base = rec["base"]
+            prompt_ids = ends[base] + rec["new_prompt_ids"] if base is not None else rec["new_prompt_ids"]
+            capture = Capture(prompt_ids, rec["sampled_ids"], rec["logprobs"])
+            ends[rec["node_id"]] = prompt_ids + rec["sampled_ids"]
+            request = _request_from_delta(rec["request"], session._requests)
+            session.graph.add_call(
+                capture.prompt_ids,
+                capture.sampled_ids,
+                capture.logprobs,
+                request,
+                rec["response"],
+                rec["metadata"],
+                node_id=rec["node_id"],
+            )
+            session._requests[rec["node_id"]] = request
+            session._count(capture)
+        return session
+
     def close(self) -> None:
-        for session in self._sessions.values():
-            session.journal.close()
+        """Close the journals' descriptors."""
+        self._files.close_all()
+
+
+def _engine_key(llm_url: str | None) -> str | None:
+    return engine_base_url(llm_url) if llm_url else None
 
 
 def _request_delta(request: dict[str, Any], base_id: str | None, base: dict[str, Any] | None) -> dict[str, Any]:
