@@ -3,9 +3,12 @@
 Contract: ``EngineClient.chat(body)`` POSTs one non-streaming chat completion
 and returns the parsed JSON, retrying 408/409/429/5xx and connection errors
 with exponential backoff that honours ``Retry-After``; anything else raises
-``UpstreamError`` carrying the status to report to the agent.
-``extract_capture(response)`` takes the exact ids and logprobs out of a vLLM
-chat response or raises ``MalformedUpstream``; it never re-tokenizes.
+``UpstreamError`` carrying the status to report to the agent; ``body`` may be
+the request already serialised (the proxy serialises it with its nesting bound,
+``proxy.json_depth``). ``extract_capture(response)`` takes the exact ids and
+logprobs out of a vLLM chat response, after checking that its message has the
+shape the dialects render and nests no deeper than the proxy stores, or raises
+``MalformedUpstream``; it never re-tokenizes.
 ``probe_tier`` grades an engine: ``tokens`` (ids + processed logprobs: can
 train), ``logprobs`` (eval only), ``text``.
 """
@@ -20,6 +23,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -73,12 +78,18 @@ def extract_capture(response: dict[str, Any]) -> Capture:
     message = choice.get("message")
     if not isinstance(message, dict):
         raise MalformedUpstream("missing choices[0].message")
-    content = (choice.get("logprobs") or {}).get("content")
+    _check_reply(response, choice, message)
+    logprobs = choice.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, dict):
+        raise MalformedUpstream("choices[0].logprobs is not an object")
+    content = (logprobs or {}).get("content")
+    if content is not None and not isinstance(content, list):
+        raise MalformedUpstream("choices[0].logprobs.content is not an array")
     if content is None:
         return Capture(prompt_ids, sampled_ids, None, "no logprobs returned")
     if len(content) != len(sampled_ids):
         return Capture(prompt_ids, sampled_ids, None, f"{len(content)} logprobs for {len(sampled_ids)} ids")
-    logprobs = []
+    values = []
     for position, (entry, token_id) in enumerate(zip(content, sampled_ids, strict=True)):
         value = entry.get("logprob") if isinstance(entry, dict) else None
         if type(value) not in (float, int) or not math.isfinite(value) or value > 0:
@@ -86,8 +97,53 @@ def extract_capture(response: dict[str, Any]) -> Capture:
         token = entry.get("token")
         if isinstance(token, str) and token.startswith("token_id:") and token != f"token_id:{token_id}":
             return Capture(prompt_ids, sampled_ids, None, f"logprob ids shifted at {position}")
-        logprobs.append(float(value))
-    return Capture(prompt_ids, sampled_ids, logprobs)
+        values.append(float(value))
+    return Capture(prompt_ids, sampled_ids, values)
+
+
+def _check_reply(response: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]) -> None:
+    """The fields the dialects render have the types vLLM gives them, and the message (which a turn stores)
+    nests no deeper than the proxy stores; a reply that breaks this is refused before anything is recorded."""
+    if response.get("id") is not None and not isinstance(response["id"], str):
+        raise MalformedUpstream("id is not a string")
+    for key in ("content", "reasoning_content", "reasoning"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise MalformedUpstream(f"choices[0].message.{key} is not a string")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise MalformedUpstream("choices[0].message.tool_calls is not an array")
+        for index, call in enumerate(calls):
+            where = f"choices[0].message.tool_calls[{index}]"
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                raise MalformedUpstream(f"{where} has no function object")
+            if call.get("id") is not None and not isinstance(call["id"], str):
+                raise MalformedUpstream(f"{where}.id is not a string")
+            if not isinstance(function.get("name"), str):
+                raise MalformedUpstream(f"{where}.function.name is not a string")
+            arguments = function.get("arguments")
+            if arguments is not None and not isinstance(arguments, str | dict):
+                raise MalformedUpstream(f"{where}.function.arguments is not a string")
+    for key in ("finish_reason", "stop_reason"):
+        if choice.get(key) is not None and not isinstance(choice[key], str | int):
+            raise MalformedUpstream(f"choices[0].{key} is not a string")
+    usage = response.get("usage")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            raise MalformedUpstream("usage is not an object")
+        for key in ("prompt_tokens", "completion_tokens"):
+            if usage.get(key) is not None and type(usage[key]) is not int:
+                raise MalformedUpstream(f"usage.{key} is not an integer")
+        details = usage.get("prompt_tokens_details")
+        if details is not None and (
+            not isinstance(details, dict) or type(details.get("cached_tokens") or 0) is not int
+        ):
+            raise MalformedUpstream("usage.prompt_tokens_details is not an object with integer cached_tokens")
+    try:
+        check_depth(message, MAX_REQUEST_DEPTH)
+    except NestingError as exc:
+        raise MalformedUpstream(f"choices[0].message: {exc}") from None
 
 
 class EngineClient:
@@ -130,9 +186,13 @@ class EngineClient:
             await self._session.close()
             self._session = None
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One non-streaming chat completion, retried on transient failures."""
-        return await self._post("/v1/chat/completions", body)
+    async def chat(self, body: dict[str, Any] | bytes) -> dict[str, Any]:
+        """One non-streaming chat completion, retried on transient failures.
+
+        ``body`` is the request, or its JSON already serialised. A dict is serialised with the proxy's nesting
+        bound: one that nests deeper raises ``NestingError`` (a ``ValueError``) before anything is sent.
+        """
+        return await self._post("/v1/chat/completions", body if isinstance(body, bytes) else dumps_bounded(body))
 
     async def get_json(self, path: str) -> dict[str, Any]:
         """GET a JSON object route (``/v1/models``, ``/health``); any failure is an ``UpstreamError`` (502)."""
@@ -150,8 +210,7 @@ class EngineClient:
             raise UpstreamError(502, f"engine {path} answered {type(answer).__name__}, not a JSON object")
         return answer
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        payload = orjson.dumps(body)
+    async def _post(self, path: str, payload: bytes) -> dict[str, Any]:
         url = self.base_url + path
         attempt = 0
         while True:
@@ -235,14 +294,19 @@ async def probe_tier(client: EngineClient, model: str) -> EngineTier:
         try:
             capture = extract_capture(response)
         except MalformedUpstream as exc:
-            has_logprobs = bool(((response.get("choices") or [{}])[0].get("logprobs") or {}).get("content"))
+            try:
+                has_logprobs = bool(response["choices"][0]["logprobs"]["content"])
+            except (KeyError, IndexError, TypeError):
+                has_logprobs = False
             return EngineTier("logprobs" if has_logprobs else "text", None, str(exc))
         if capture.logprobs is None:
             return EngineTier("text", None, capture.logprob_note or "no logprobs")
         top = response["choices"][0]["logprobs"]["content"][0].get("top_logprobs") or []
-        if len(top) < 2:
-            return EngineTier("logprobs", None, "engine returned fewer than 2 top_logprobs")
-        gaps.append(top[0]["logprob"] - top[1]["logprob"])
+        try:
+            gap = float(top[0]["logprob"] - top[1]["logprob"])
+        except (KeyError, IndexError, TypeError):
+            return EngineTier("logprobs", None, "engine returned fewer than 2 usable top_logprobs")
+        gaps.append(gap)
     if gaps[0] <= 1e-6:
         return EngineTier("logprobs", None, "top-2 logprobs tie; can't tell processed from raw")
     ratio = gaps[1] / gaps[0]

@@ -7,10 +7,12 @@ import errno
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.capture_graph import CaptureGraph
 from proxy.engine_client import Capture
+from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, dumps_bounded
 from proxy.sessions import SessionConfig, SessionRegistry
 
 
@@ -54,3 +56,17 @@ def test_before_commit_sees_the_prompt_delta_and_can_veto_the_call() -> None:
     assert len(graph) == 1 and seen[0][1:] == (root, [7])
     child = graph.add_call([1, 2, 3, 7], [8], [-0.2], before_commit=lambda *delta: seen.append(delta))
     assert seen[1] == (child, root, [7]) and graph.prompt_delta(child) == (root, [7])
+
+
+def test_dumps_bounded_is_orjson_with_an_exact_depth_bound() -> None:
+    value: Any = {"a": [1, "x", None, {"b": 2.5}]}
+    assert dumps_bounded(value) == orjson.dumps(value)
+    assert dumps_bounded(7, 1) == b"7" and dumps_bounded([], 1) == b"[]"
+    with pytest.raises(NestingError):
+        dumps_bounded([[]], 1)
+    nested: Any = []
+    for _ in range(MAX_REQUEST_DEPTH - 1):
+        nested = [nested]
+    assert dumps_bounded(nested) == orjson.dumps(nested)
+    with pytest.raises(NestingError):
+        dumps_bounded([nested])
