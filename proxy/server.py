@@ -182,8 +182,10 @@ class CaptureProxy:
         if client.base_url not in self._models:
             models = await client.get_json("/v1/models")
             data = models.get("data") or []
-            if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
+            if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not data[0].get("id"):
                 raise UpstreamError(502, f"engine serves no model: /v1/models answered {str(models)[:200]}")
+            if not isinstance(data[0]["id"], str):
+                raise UpstreamError(502, "engine's /v1/models names its model with something other than a string")
             self._models[client.base_url] = data[0]["id"]
         return self._models[client.base_url]
 
@@ -377,7 +379,13 @@ class CaptureProxy:
             stream = await _open_stream(request)
             keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
         try:
-            engine = await client.chat(payload)
+            try:
+                engine = await client.chat(payload)
+            finally:
+                if keepalive is not None:
+                    await _stop(keepalive)
+            # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
+            # a recorded one is handed to the transport.
             capture = extract_capture(engine)
             reply = _render(dialect, chat, engine)
             if self.sessions.get(session.id) is not session:
@@ -392,12 +400,8 @@ class CaptureProxy:
                 type_ = exc.type
             if stream is None:
                 return _json(dialect.render_error(exc.status, str(exc), type_), exc.status)
-            await _stop(keepalive)
             await _end_stream_with_error(stream, dialect, exc.status, str(exc), type_, chat)
             return stream
-        finally:
-            if keepalive is not None:
-                await _stop(keepalive)
         self.metrics.observe_call(time.perf_counter() - started)
         return await _send(stream, reply)
 

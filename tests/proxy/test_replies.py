@@ -465,3 +465,16 @@ def test_an_upstream_4xx_is_reported_as_the_requests_fault(
         assert reply.status == 502 and assert_error_shape(ANTHROPIC, reply)["type"] == "api_error"
 
     run_stack(body, tmp_path)
+
+
+def test_an_engine_model_list_without_a_string_id_is_a_502_not_a_stored_session(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        async def models(path: str) -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": ["fake/vllm"]}]}
+
+        stack.proxy._client(None).get_json = models
+        reply = await post(stack.http, stack.url + "/sessions", {}, stack.admin_headers)
+        assert reply.status == 502 and "string" in assert_error_shape("/sessions", reply)["message"]
+        assert len(stack.proxy.sessions) == 0
+
+    run_stack(body, tmp_path)
