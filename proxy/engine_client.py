@@ -101,49 +101,66 @@ def extract_capture(response: dict[str, Any]) -> Capture:
     return Capture(prompt_ids, sampled_ids, values)
 
 
+_STRING_FIELDS = frozenset({"content", "reasoning_content", "reasoning"})
+
+
 def _check_reply(response: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]) -> None:
     """The fields the dialects render have the types vLLM gives them, and the message (which a turn stores)
-    nests no deeper than the proxy stores; a reply that breaks this is refused before anything is recorded."""
-    if response.get("id") is not None and not isinstance(response["id"], str):
+    nests no deeper than the proxy stores; a reply that breaks this is refused before anything is recorded.
+
+    The nesting is checked only when the message holds a container this check did not walk (tool arguments
+    as an object, a field the dialects don't read), so a plain vLLM message costs one pass over its keys.
+    """
+    if not isinstance(response.get("id"), str | None):
         raise MalformedUpstream("id is not a string")
-    for key in ("content", "reasoning_content", "reasoning"):
-        if message.get(key) is not None and not isinstance(message[key], str):
-            raise MalformedUpstream(f"choices[0].message.{key} is not a string")
-    calls = message.get("tool_calls")
-    if calls is not None:
-        if not isinstance(calls, list):
-            raise MalformedUpstream("choices[0].message.tool_calls is not an array")
-        for index, call in enumerate(calls):
-            where = f"choices[0].message.tool_calls[{index}]"
-            function = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(function, dict):
-                raise MalformedUpstream(f"{where} has no function object")
-            if call.get("id") is not None and not isinstance(call["id"], str):
-                raise MalformedUpstream(f"{where}.id is not a string")
-            if not isinstance(function.get("name"), str):
-                raise MalformedUpstream(f"{where}.function.name is not a string")
-            arguments = function.get("arguments")
-            if arguments is not None and not isinstance(arguments, str | dict):
-                raise MalformedUpstream(f"{where}.function.arguments is not a string")
+    unwalked = False
+    for key, value in message.items():
+        if key in _STRING_FIELDS:
+            if not isinstance(value, str | None):
+                raise MalformedUpstream(f"choices[0].message.{key} is not a string")
+        elif key == "tool_calls":
+            if value is not None:
+                unwalked |= _check_tool_calls(value)
+        elif isinstance(value, dict | list):
+            unwalked = True
     for key in ("finish_reason", "stop_reason"):
-        if choice.get(key) is not None and not isinstance(choice[key], str | int):
+        if not isinstance(choice.get(key), str | int | None):
             raise MalformedUpstream(f"choices[0].{key} is not a string")
     usage = response.get("usage")
     if usage is not None:
-        if not isinstance(usage, dict):
-            raise MalformedUpstream("usage is not an object")
-        for key in ("prompt_tokens", "completion_tokens"):
-            if usage.get(key) is not None and type(usage[key]) is not int:
-                raise MalformedUpstream(f"usage.{key} is not an integer")
-        details = usage.get("prompt_tokens_details")
-        if details is not None and (
-            not isinstance(details, dict) or type(details.get("cached_tokens") or 0) is not int
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        if not (
+            isinstance(usage, dict)
+            and type(usage.get("prompt_tokens", 0)) is int
+            and type(usage.get("completion_tokens", 0)) is int
+            and (details is None or (isinstance(details, dict) and type(details.get("cached_tokens") or 0) is int))
         ):
-            raise MalformedUpstream("usage.prompt_tokens_details is not an object with integer cached_tokens")
-    try:
-        check_depth(message, MAX_REQUEST_DEPTH)
-    except NestingError as exc:
-        raise MalformedUpstream(f"choices[0].message: {exc}") from None
+            raise MalformedUpstream("usage is not an object of integer token counts")
+    if unwalked:
+        try:
+            check_depth(message, MAX_REQUEST_DEPTH)
+        except NestingError as exc:
+            raise MalformedUpstream(f"choices[0].message: {exc}") from None
+
+
+def _check_tool_calls(calls: Any) -> bool:
+    """Check ``tool_calls`` has the shape the dialects render; True if it holds containers not walked here."""
+    if not isinstance(calls, list):
+        raise MalformedUpstream("choices[0].message.tool_calls is not an array")
+    unwalked = False
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str | dict | None)
+            and isinstance(call.get("id"), str | None)
+        ):
+            raise MalformedUpstream(
+                f"choices[0].message.tool_calls[{index}] is not {{id, function: {{name, arguments}}}} with strings"
+            )
+        unwalked |= len(call) > 3 or len(function) > 2 or isinstance(function["arguments"], dict)
+    return unwalked
 
 
 class EngineClient:

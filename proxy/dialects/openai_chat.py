@@ -10,7 +10,9 @@ The engine speaks this dialect, so translation is pass-through with normalisatio
   ``return_token_ids`` are lifted out of the body (the proxy sets its own). The
   reply echoes logprobs only if the agent asked for ``logprobs`` and ids only if it
   asked for ``return_token_ids`` (LiteLLM/terminus-2 rollout details).
-- Every other field passes through untouched for the proxy's policy to judge.
+- Every other field passes through untouched for the proxy's policy to judge, and the
+  messages' other fields (``tool_calls``, ``tool_call_id``, ``name``, ...) for the engine
+  to validate: its 4xx reaches the agent as the request's error.
 
 A stream replays the reply as ``chat.completion.chunk`` frames: a role chunk,
 reasoning and text deltas, per tool call one header chunk (id, name) followed by
@@ -26,6 +28,7 @@ from proxy.dialects.base import (
     SSE_COMMENT_KEEPALIVE,
     SSE_DONE,
     ChatRequest,
+    DialectError,
     chunks,
     drop_empty_tools,
     engine_choice,
@@ -40,7 +43,6 @@ from proxy.dialects.base import (
     model_name,
     one_of,
     optional_bool,
-    optional_str,
     sse_frame,
     status_error_type,
 )
@@ -75,10 +77,7 @@ def parse_request(body: Any) -> ChatRequest:
     expect(stream_options is None or isinstance(stream_options, dict), "'stream_options' must be an object")
     messages = body.get("messages")
     expect(isinstance(messages, list) and bool(messages), "'messages' must be a non-empty array", "messages")
-    tools = body.get("tools")
-    expect(tools is None or isinstance(tools, list), "'tools' must be an array", "tools")
-    for index, tool in enumerate(tools or ()):
-        _check_tool(tool, f"tools[{index}]")
+    expect(body.get("tools") is None or isinstance(body["tools"], list), "'tools' must be an array", "tools")
 
     out = {key: value for key, value in body.items() if key not in _LIFTED}
     out["messages"] = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
@@ -103,49 +102,11 @@ def parse_request(body: Any) -> ChatRequest:
     )
 
 
-def _check_tool(tool: Any, param: str) -> None:
-    """A function tool as the engine takes it: ``{"type": "function", "function": {"name", "parameters"?, ...}}``."""
-    expect(
-        isinstance(tool, dict) and tool.get("type", "function") == "function",
-        "each tool must be a function tool",
-        param,
-    )
-    function = tool.get("function")
-    expect(isinstance(function, dict), "a tool needs a 'function' object", param)
-    name = function.get("name")
-    expect(isinstance(name, str) and bool(name), "tool name must be a non-empty string", f"{param}.function.name")
-    optional_str(function.get("description"), "tool description must be a string", f"{param}.function.description")
-    parameters = function.get("parameters")
-    expect(parameters is None or isinstance(parameters, dict), "tool parameters must be an object", param)
-
-
-def _check_tool_calls(calls: Any, param: str) -> None:
-    """An assistant's ``tool_calls``: ``[{"id", "type": "function", "function": {"name", "arguments": str}}]``."""
-    expect(isinstance(calls, list), "'tool_calls' must be an array", param)
-    for index, call in enumerate(calls):
-        where = f"{param}[{index}]"
-        expect(isinstance(call, dict), "each tool call must be an object", where)
-        optional_str(call.get("id"), "tool call 'id' must be a string", f"{where}.id")
-        function = call.get("function")
-        expect(isinstance(function, dict), "a tool call needs a 'function' object", where)
-        name = function.get("name")
-        expect(isinstance(name, str) and bool(name), "tool call name must be a non-empty string", where)
-        expect(isinstance(function.get("arguments"), str), "tool call 'arguments' must be a JSON string", where)
-
-
 def _message(message: Any, param: str) -> dict[str, Any]:
     expect(isinstance(message, dict), "each message must be an object", param)
     role = message.get("role")
-    expect(one_of(role, _ROLES), f"unknown message role {role!r}", f"{param}.role")
-    optional_str(message.get("name"), "message 'name' must be a string", f"{param}.name")
-    if role == "assistant":
-        if message.get("tool_calls") is not None:
-            _check_tool_calls(message["tool_calls"], f"{param}.tool_calls")
-        for key in ("reasoning_content", "reasoning"):
-            optional_str(message.get(key), f"'{key}' must be a string", f"{param}.{key}")
-    elif role == "tool":
-        call_id = message.get("tool_call_id")
-        expect(isinstance(call_id, str), "a tool message needs a string 'tool_call_id'", f"{param}.tool_call_id")
+    if not one_of(role, _ROLES):
+        raise DialectError(400, f"unknown message role {role!r}", f"{param}.role")
     content = message.get("content")
     if role != "developer" and not isinstance(content, list):
         expect(content is None or isinstance(content, str), "message content must be a string or an array", param)
