@@ -382,8 +382,8 @@ class CaptureProxy:
             try:
                 engine = await client.chat(payload)
             finally:
-                if keepalive is not None:
-                    await _stop(keepalive)
+                if keepalive is not None:  # it can't write again: it raises CancelledError where it waits
+                    keepalive.cancel()
             # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
             # a recorded one is handed to the transport.
             capture = extract_capture(engine)
@@ -536,12 +536,6 @@ async def _end_stream_with_error(
     with suppress(ConnectionError, RuntimeError):  # RuntimeError: the stream had already ended
         await stream.write(dialect.render_stream_error(status, message, type_, request=chat))
         await stream.write_eof()
-
-
-async def _stop(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` and wait until it has stopped, so nothing it writes can interleave with what follows."""
-    task.cancel()
-    await asyncio.wait([task])
 
 
 _SAMPLING_KEYS = (
