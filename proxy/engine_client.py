@@ -131,8 +131,8 @@ def _check_reply(response: dict[str, Any], choice: dict[str, Any], message: dict
         details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
         if not (
             isinstance(usage, dict)
-            and type(usage.get("prompt_tokens", 0)) is int
-            and type(usage.get("completion_tokens", 0)) is int
+            and type(usage.get("prompt_tokens") or 0) is int
+            and type(usage.get("completion_tokens") or 0) is int
             and (details is None or (isinstance(details, dict) and type(details.get("cached_tokens") or 0) is int))
         ):
             raise MalformedUpstream("usage is not an object of integer token counts")

@@ -231,12 +231,6 @@ def one_of(value: Any, options: frozenset[str] | dict[str, Any]) -> bool:
     return isinstance(value, str) and value in options
 
 
-def optional_str(value: Any, message: str, param: str | None = None) -> str | None:
-    """``value`` if it is a string or None, else a 400."""
-    expect(value is None or isinstance(value, str), message, param)
-    return value
-
-
 def json_text(value: Any, param: str | None = None) -> str:
     """Compact JSON text of a request value (tool arguments); a value nested too deeply is a 400."""
     try:

@@ -16,7 +16,7 @@ import pytest
 import proxy.server
 from proxy.capture_graph import CaptureGraph
 from proxy.dialects import openai_responses
-from proxy.engine_client import Capture
+from proxy.engine_client import Capture, MalformedUpstream, extract_capture
 from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, dumps_bounded
 from proxy.sessions import SessionConfig, SessionRegistry
 from tests.proxy.proxy_stack import Stack, run_stack
@@ -479,3 +479,40 @@ def test_an_engine_model_list_without_a_string_id_is_a_502_not_a_stored_session(
         assert len(stack.proxy.sessions) == 0
 
     run_stack(body, tmp_path)
+
+
+def _completion(**message: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "prompt_token_ids": [1, 2],
+        "choices": [{"message": {"role": "assistant", **message}, "token_ids": [3], "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": None},
+    }
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"tool_calls": "bash"},
+        {"tool_calls": [{"function": "bash"}]},
+        {"tool_calls": [{"function": {"name": 1, "arguments": "{}"}}]},
+        {"tool_calls": [{"id": 5, "function": {"name": "b", "arguments": "{}"}}]},
+        {"tool_calls": [{"function": {"name": "b", "arguments": 5}}]},
+        {"content": ["a"]},
+        {"reasoning_content": {"text": "a"}},
+        {"annotations": orjson.loads(_deep(MAX_REQUEST_DEPTH))},
+        {"tool_calls": [{"function": {"name": "b", "arguments": {"a": orjson.loads(_deep(MAX_REQUEST_DEPTH))}}}]},
+    ],
+)
+def test_extract_capture_refuses_a_reply_the_dialects_cannot_render_or_the_trace_cannot_store(
+    message: dict[str, Any],
+) -> None:
+    with pytest.raises(MalformedUpstream):
+        extract_capture(_completion(**message))
+
+
+def test_extract_capture_takes_what_vllm_sends() -> None:
+    calls = [{"id": "c", "type": "function", "function": {"name": "b", "arguments": '{"a": 1}'}}]
+    capture = extract_capture(_completion(content=None, tool_calls=calls, reasoning_content="r", refusal=None))
+    assert capture.prompt_ids == [1, 2] and capture.sampled_ids == [3] and capture.logprobs is None
+    extract_capture(_completion(content="x", annotations=[{"type": "url"}]))  # a field no dialect reads
