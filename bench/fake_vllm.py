@@ -12,9 +12,12 @@ Faults are scheduled per call: ``FakeVLLM.faults`` is a list consumed in
 order, each entry one of ``("status", code, retry_after)``, ``("delay", s)``,
 ``("hold", event)`` (answer once the ``asyncio.Event`` is set: a test decides
 when the engine is done, instead of racing a delay), ``("truncate",)`` (a 200
-with cut JSON), ``("no_ids",)``, ``None`` (normal). ``calls`` counts the chat
-requests that arrived, ``cancelled`` those whose caller went away while they
-waited (a delay, ``latency_s`` or a hold).
+with cut JSON), ``("no_ids",)``, ``("patch", fn)`` (a 200 with what ``fn(completion)`` returns, a dict or raw
+bytes: a malformed reply of any shape), ``None``
+(normal). ``calls`` counts the chat requests that arrived, ``cancelled`` those
+whose caller went away while they waited (a delay, ``latency_s`` or a hold).
+A body the fake template can't render is answered 400, as vLLM answers a
+request its validation refuses.
 
 ``python bench/fake_vllm.py --port N [--latency-s S]`` runs it standalone.
 """
@@ -124,7 +127,14 @@ class FakeVLLM:
             return web.Response(
                 body=orjson.dumps(err), status=fault[1], headers=headers, content_type="application/json"
             )
-        payload = orjson.dumps(self.complete(body, with_ids=not (fault and fault[0] == "no_ids")))
+        try:
+            completion = self.complete(body, with_ids=not (fault and fault[0] == "no_ids"))
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            err = {"error": {"message": f"invalid request: {type(exc).__name__}: {exc}", "type": "BadRequestError"}}
+            return web.Response(body=orjson.dumps(err), status=400, content_type="application/json")
+        if fault and fault[0] == "patch":
+            completion = fault[1](completion)
+        payload = completion if isinstance(completion, bytes) else orjson.dumps(completion)
         if fault and fault[0] == "truncate":
             payload = payload[: len(payload) // 2]
         return web.Response(body=payload, content_type="application/json")

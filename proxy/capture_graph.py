@@ -57,6 +57,7 @@ import uuid
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
@@ -210,9 +211,13 @@ class CaptureGraph:
         metadata: dict[str, Any] | None = None,
         *,
         node_id: str | None = None,
+        before_commit: Callable[[str, str | None, list[int]], None] | None = None,
     ) -> str:
         """Record one engine call and return its node id (12 hex characters unless `node_id` is given).
 
+        `before_commit(node_id, parent_id, new_prompt_ids)` (the node's `prompt_delta`), when given, runs
+        once the call is validated and placed but before the graph changes: if it raises, nothing is
+        added. A journal writes there, so a call is in the graph only if it is on disk.
         The graph keeps references to the lists and dicts passed in; callers must not mutate them.
         Raises `CaptureContractError` (nothing is recorded) for an empty prompt, ids that are not
         non-negative ints, logprobs that are not finite, non-positive and aligned with
@@ -242,6 +247,8 @@ class CaptureGraph:
             problems = token_id_violations(context, "prompt_ids", offset=start)
             if problems:
                 raise CaptureContractError(problems)
+            if before_commit is not None:
+                before_commit(node_id, parent.node_id if parent is not None else None, context)
             end_crc = _crc(sampled_ids, _crc(context, parent.end_crc if parent is not None else 0))
             node = _Node(
                 node_id, len(self._nodes), len(prompt_ids), context, sampled_ids, logprobs,

@@ -3,12 +3,15 @@
 Contract: ``EngineClient.chat(body)`` POSTs one non-streaming chat completion
 and returns the parsed JSON, retrying 408/409/429/5xx and connection errors
 with exponential backoff that honours ``Retry-After``; anything else raises
-``UpstreamError`` carrying the status to report to the agent. One call has one
-time budget, ``timeout_s``, for all its attempts and waits together: an attempt
-may only use what is left of it, running out is a 504 that is never retried,
-and a retry whose wait would not leave time to try is not made.
-``extract_capture(response)`` takes the exact ids and logprobs out of a vLLM
-chat response or raises ``MalformedUpstream``; it never re-tokenizes.
+``UpstreamError`` carrying the status to report to the agent; ``body`` may be
+the request already serialised (the proxy serialises it with its nesting bound,
+``proxy.json_depth``). One call has one time budget, ``timeout_s``, for all its
+attempts and waits together: an attempt may only use what is left of it,
+running out is a 504 that is never retried, and a retry whose wait would not
+leave time to try is not made. ``extract_capture(response)`` takes the exact
+ids and logprobs out of a vLLM chat response, after checking that its message
+has the shape the dialects render and nests no deeper than the proxy stores,
+or raises ``MalformedUpstream``; it never re-tokenizes.
 ``probe_tier`` grades an engine: ``tokens`` (ids + processed logprobs: can
 train), ``logprobs`` (eval only), ``text``.
 """
@@ -23,6 +26,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -76,12 +81,18 @@ def extract_capture(response: dict[str, Any]) -> Capture:
     message = choice.get("message")
     if not isinstance(message, dict):
         raise MalformedUpstream("missing choices[0].message")
-    content = (choice.get("logprobs") or {}).get("content")
+    _check_reply(response, choice, message)
+    logprobs = choice.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, dict):
+        raise MalformedUpstream("choices[0].logprobs is not an object")
+    content = (logprobs or {}).get("content")
+    if content is not None and not isinstance(content, list):
+        raise MalformedUpstream("choices[0].logprobs.content is not an array")
     if content is None:
         return Capture(prompt_ids, sampled_ids, None, "no logprobs returned")
     if len(content) != len(sampled_ids):
         return Capture(prompt_ids, sampled_ids, None, f"{len(content)} logprobs for {len(sampled_ids)} ids")
-    logprobs = []
+    values = []
     for position, (entry, token_id) in enumerate(zip(content, sampled_ids, strict=True)):
         value = entry.get("logprob") if isinstance(entry, dict) else None
         if type(value) not in (float, int) or not math.isfinite(value) or value > 0:
@@ -89,8 +100,70 @@ def extract_capture(response: dict[str, Any]) -> Capture:
         token = entry.get("token")
         if isinstance(token, str) and token.startswith("token_id:") and token != f"token_id:{token_id}":
             return Capture(prompt_ids, sampled_ids, None, f"logprob ids shifted at {position}")
-        logprobs.append(float(value))
-    return Capture(prompt_ids, sampled_ids, logprobs)
+        values.append(float(value))
+    return Capture(prompt_ids, sampled_ids, values)
+
+
+_STRING_FIELDS = frozenset({"content", "reasoning_content", "reasoning"})
+
+
+def _check_reply(response: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]) -> None:
+    """The fields the dialects render have the types vLLM gives them, and the message (which a turn stores)
+    nests no deeper than the proxy stores; a reply that breaks this is refused before anything is recorded.
+
+    The nesting is checked only when the message holds a container this check did not walk (tool arguments
+    as an object, a field the dialects don't read), so a plain vLLM message costs one pass over its keys.
+    """
+    if not isinstance(response.get("id"), str | None):
+        raise MalformedUpstream("id is not a string")
+    unwalked = False
+    for key, value in message.items():
+        if key in _STRING_FIELDS:
+            if not isinstance(value, str | None):
+                raise MalformedUpstream(f"choices[0].message.{key} is not a string")
+        elif key == "tool_calls":
+            if value is not None:
+                unwalked |= _check_tool_calls(value)
+        elif isinstance(value, dict | list):
+            unwalked = True
+    for key in ("finish_reason", "stop_reason"):
+        if not isinstance(choice.get(key), str | int | None):
+            raise MalformedUpstream(f"choices[0].{key} is not a string")
+    usage = response.get("usage")
+    if usage is not None:
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        if not (
+            isinstance(usage, dict)
+            and type(usage.get("prompt_tokens") or 0) is int
+            and type(usage.get("completion_tokens") or 0) is int
+            and (details is None or (isinstance(details, dict) and type(details.get("cached_tokens") or 0) is int))
+        ):
+            raise MalformedUpstream("usage is not an object of integer token counts")
+    if unwalked:
+        try:
+            check_depth(message, MAX_REQUEST_DEPTH)
+        except NestingError as exc:
+            raise MalformedUpstream(f"choices[0].message: {exc}") from None
+
+
+def _check_tool_calls(calls: Any) -> bool:
+    """Check ``tool_calls`` has the shape the dialects render; True if it holds containers not walked here."""
+    if not isinstance(calls, list):
+        raise MalformedUpstream("choices[0].message.tool_calls is not an array")
+    unwalked = False
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str | dict | None)
+            and isinstance(call.get("id"), str | None)
+        ):
+            raise MalformedUpstream(
+                f"choices[0].message.tool_calls[{index}] is not {{id, function: {{name, arguments}}}} with strings"
+            )
+        unwalked |= len(call) > 3 or len(function) > 2 or isinstance(function["arguments"], dict)
+    return unwalked
 
 
 def engine_base_url(url: str) -> str:
@@ -165,9 +238,13 @@ class EngineClient:
             return None
         return asyncio.get_running_loop().create_task(self.close())
 
-    async def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One non-streaming chat completion, retried on transient failures within ``timeout_s``."""
-        return await self._post("/v1/chat/completions", body)
+    async def chat(self, body: dict[str, Any] | bytes) -> dict[str, Any]:
+        """One non-streaming chat completion, retried on transient failures within ``timeout_s``.
+
+        ``body`` is the request, or its JSON already serialised. A dict is serialised with the proxy's nesting
+        bound: one that nests deeper raises ``NestingError`` (a ``ValueError``) before anything is sent.
+        """
+        return await self._post("/v1/chat/completions", body if isinstance(body, bytes) else dumps_bounded(body))
 
     async def get_json(self, path: str) -> dict[str, Any]:
         """GET a JSON object route (``/v1/models``, ``/health``) within ``timeout_s``; any failure is an
@@ -192,8 +269,7 @@ class EngineClient:
             raise UpstreamError(502, f"engine {path} answered {type(answer).__name__}, not a JSON object")
         return answer
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        payload = orjson.dumps(body)
+    async def _post(self, path: str, payload: bytes) -> dict[str, Any]:
         url = self.base_url + path
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s  # the whole call's budget: attempts and waits
@@ -293,14 +369,19 @@ async def probe_tier(client: EngineClient, model: str) -> EngineTier:
         try:
             capture = extract_capture(response)
         except MalformedUpstream as exc:
-            has_logprobs = bool(((response.get("choices") or [{}])[0].get("logprobs") or {}).get("content"))
+            try:
+                has_logprobs = bool(response["choices"][0]["logprobs"]["content"])
+            except (KeyError, IndexError, TypeError):
+                has_logprobs = False
             return EngineTier("logprobs" if has_logprobs else "text", None, str(exc))
         if capture.logprobs is None:
             return EngineTier("text", None, capture.logprob_note or "no logprobs")
         top = response["choices"][0]["logprobs"]["content"][0].get("top_logprobs") or []
-        if len(top) < 2:
-            return EngineTier("logprobs", None, "engine returned fewer than 2 top_logprobs")
-        gaps.append(top[0]["logprob"] - top[1]["logprob"])
+        try:
+            gap = float(top[0]["logprob"] - top[1]["logprob"])
+        except (KeyError, IndexError, TypeError):
+            return EngineTier("logprobs", None, "engine returned fewer than 2 usable top_logprobs")
+        gaps.append(gap)
     if gaps[0] <= 1e-6:
         return EngineTier("logprobs", None, "top-2 logprobs tie; can't tell processed from raw")
     ratio = gaps[1] / gaps[0]

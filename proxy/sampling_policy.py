@@ -95,6 +95,7 @@ def engine_request(
     """
     if chat.get("n", 1) != 1:
         raise PolicyError("n must be 1: each call is one sampled completion", "n")
+    _check_types(chat)
     requested = {k: chat[k] for k in POLICY_FIELDS if chat.get(k) is not None}
     body: dict[str, Any] = {"model": model, "messages": chat["messages"]}
     tools = chat.get("tools")
@@ -129,3 +130,35 @@ def engine_request(
         body["max_tokens"] = asked
     body.update({"stream": False, "logprobs": True, "top_logprobs": 0, "return_token_ids": True})
     return body, requested
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) is int or type(value) is float
+
+
+def _is_stop(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(s, str) for s in value))
+
+
+_FIELD_TYPES: tuple[tuple[str, Any, str], ...] = (
+    *((key, _is_number, "a number") for key in POLICY_FIELDS),
+    ("seed", lambda v: type(v) is int, "an integer"),
+    ("stop", _is_stop, "a string or an array of strings"),
+    ("user", lambda v: isinstance(v, str), "a string"),
+    ("parallel_tool_calls", lambda v: isinstance(v, bool), "a boolean"),
+    ("response_format", lambda v: isinstance(v, dict), "an object"),
+    ("chat_template_kwargs", lambda v: isinstance(v, dict), "an object"),
+    ("tool_choice", lambda v: isinstance(v, str | dict), "a string or an object"),
+)
+
+
+def _check_types(chat: dict[str, Any]) -> None:
+    """Every field the engine request or the trace's metadata takes from ``chat`` has the type the engine expects.
+
+    A wrong type is the agent's error (400), not the engine's (which would answer it as a 4xx or a 5xx), and
+    a value the policy overrides is still recorded as requested, so it must be what it claims to be.
+    """
+    for key, valid, kind in _FIELD_TYPES:
+        value = chat.get(key)
+        if value is not None and not valid(value):
+            raise PolicyError(f"'{key}' must be {kind}, got {type(value).__name__}", key)

@@ -8,13 +8,23 @@ Control plane (admin key): ``POST/GET /sessions``, ``GET/DELETE /sessions/{id}``
 /sessions/{id}/sequences``. Open: ``GET /health``, ``GET /metrics``
 (Prometheus text).
 
-One model call: authenticate, translate (dialect), apply the session's
-sampling policy, call the engine once non-streaming (retrying transient
-failures), extract the exact capture, record it in the graph and the journal,
-and only then reply, as JSON or as SSE replayed in the agent's dialect with
-keepalives while the engine works. A client that disconnects cancels the
-engine call and nothing is recorded; an engine failure or malformed engine
-reply becomes an error in the agent's dialect and nothing is recorded.
+One model call: authenticate, decode the body (``Content-Encoding`` identity,
+gzip, deflate, or br when ``brotli`` is installed), translate (dialect), apply
+the session's sampling policy, serialise the engine request with the nesting
+bound (``proxy.json_depth``: a body that nests deeper is a 400 and is never
+stored), call the engine once non-streaming (retrying transient failures),
+extract and check the exact capture, render the whole reply in the agent's
+dialect, record the turn (journal, then graph), and only then send the reply,
+as JSON or as SSE replayed with keepalives while the engine works.
+
+Invariant: a turn is in the trace if and only if the agent was sent its reply.
+A reply that can't be rendered, a turn the journal can't write (a full disk)
+and a session deleted during the call record nothing and answer an error. A
+client that disconnects cancels the engine call and nothing is recorded; an
+engine failure or malformed engine reply becomes an error in the agent's
+dialect and nothing is recorded. Once a stream's headers are out, every error,
+the proxy's own included, is the dialect's stream error event followed by the
+end of the stream, never a second HTTP response.
 """
 
 from __future__ import annotations
@@ -23,12 +33,15 @@ import asyncio
 import logging
 import secrets
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -36,6 +49,7 @@ from aiohttp import web
 from proxy.dialects import COUNT_TOKENS_ROUTE, ROUTES, anthropic_messages, openai_chat
 from proxy.dialects.base import ChatRequest, DialectError
 from proxy.engine_client import (
+    Capture,
     EngineClient,
     EngineCounters,
     EngineTier,
@@ -45,10 +59,16 @@ from proxy.engine_client import (
     extract_capture,
     probe_tier,
 )
+from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
 from proxy.metrics import ProxyMetrics
 from proxy.sampling_policy import PolicyError, engine_request
 from proxy.sessions import Session, SessionConfig, SessionRegistry, keys_equal
 from proxy.trace import CaptureContractError
+
+try:
+    import brotli
+except ImportError:  # optional: without it, a br body is answered 415
+    brotli = None
 
 log = logging.getLogger("proxy")
 
@@ -142,7 +162,9 @@ class CaptureProxy:
                 len(self.sessions.quarantined),
                 self.sessions.quarantine_dir,
             )
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        # auto_decompress off: the proxy decodes bodies itself (_read_body), so an encoding it can't decode is
+        # answered in the caller's dialect instead of by the HTTP parser in plain text, and output is bounded.
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
@@ -203,8 +225,10 @@ class CaptureProxy:
         if client.base_url not in self._models:
             models = await client.get_json("/v1/models")
             data = models.get("data") or []
-            if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
+            if not isinstance(data, list) or not data or not isinstance(data[0], dict) or not data[0].get("id"):
                 raise UpstreamError(502, f"engine serves no model: /v1/models answered {str(models)[:200]}")
+            if not isinstance(data[0]["id"], str):
+                raise UpstreamError(502, "engine's /v1/models names its model with something other than a string")
             self._models[client.base_url] = data[0]["id"]
         return self._models[client.base_url]
 
@@ -216,22 +240,26 @@ class CaptureProxy:
     ) -> web.StreamResponse:
         try:
             return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
-            limit = self.config.max_body_bytes
-            return self._error_for(request, 413, f"request body exceeds {limit} bytes", "invalid_request_error")
-        except web.HTTPException as exc:
-            if exc.status >= 400:
-                return self._error_for(request, exc.status, exc.reason, "invalid_request_error")
-            raise
         except (asyncio.CancelledError, ConnectionResetError):
             raise
-        except Exception as exc:  # a bug: still an answer in the caller's dialect, and a log line
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            return self._error_for(request, 500, f"internal proxy error: {type(exc).__name__}: {exc}", "api_error")
+        except Exception as exc:
+            stream = request.get(_OPEN_STREAM)
+            if isinstance(exc, web.HTTPException) and exc.status < 400:
+                raise
+            if isinstance(exc, web.HTTPRequestEntityTooLarge):
+                status, message, type_ = 413, f"request body exceeds {self.config.max_body_bytes} bytes", None
+            elif isinstance(exc, web.HTTPException):
+                status, message, type_ = exc.status, exc.reason, None
+            else:  # a bug: still an answer in the caller's dialect, and a log line
+                log.exception("unhandled error on %s %s", request.method, request.path)
+                status, message, type_ = 500, f"internal proxy error: {type(exc).__name__}: {exc}", "api_error"
+            if stream is not None:  # its headers went out: report in the stream, never a second response
+                await _end_stream_with_error(stream, _dialect_for(request.path), status, message, type_)
+                return stream
+            return self._error_for(request, status, message, type_)
 
-    def _error_for(self, request: web.Request, status: int, message: str, type_: str) -> web.Response:
-        dialect = anthropic_messages if request.path.startswith("/v1/messages") else openai_chat
-        return _json(dialect.render_error(status, message, type_), status)
+    def _error_for(self, request: web.Request, status: int, message: str, type_: str | None) -> web.Response:
+        return _json(_dialect_for(request.path).render_error(status, message, type_), status)
 
     def _require_admin(self, request: web.Request) -> None:
         if not keys_equal(_agent_key(request), self.admin_key):
@@ -247,11 +275,9 @@ class CaptureProxy:
     async def _create_session(self, request: web.Request) -> web.Response:
         self._require_admin(request)
         try:
-            body = orjson.loads(await request.read())
-            if not isinstance(body, dict):
-                raise ValueError("body must be a JSON object")
-            session_id = body.pop("session_id", None)
-            config = SessionConfig(**body)
+            session_id, config = _session_request(orjson.loads(await self._read_body(request)))
+        except _BodyError as exc:
+            return _json(openai_chat.render_error(exc.status, str(exc)), exc.status)
         except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
             return _json(openai_chat.render_error(400, f"invalid session request: {exc}"), 400)
         response = None
@@ -333,7 +359,9 @@ class CaptureProxy:
         if self.sessions.get(_agent_key(request)) is None:
             return _json(anthropic_messages.render_error(401, "unknown API key", "authentication_error"), 401)
         try:
-            body = orjson.loads(await request.read())
+            body = orjson.loads(await self._read_body(request))
+        except _BodyError as exc:
+            return _json(anthropic_messages.render_error(exc.status, str(exc)), exc.status)
         except orjson.JSONDecodeError as exc:
             return _json(anthropic_messages.render_error(400, f"malformed JSON: {exc}"), 400)
         try:
@@ -349,6 +377,14 @@ class CaptureProxy:
 
         return handler
 
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request body decoded per ``Content-Encoding``, at most ``max_body_bytes`` either way (``_BodyError``)."""
+        try:
+            data = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+        except web.RequestPayloadError as exc:
+            raise _BodyError(400, f"unreadable request body: {exc}") from None
+        return _decode_body(data, request.headers.get("Content-Encoding"), self.config.max_body_bytes)
+
     async def _model_call(self, request: web.Request, dialect: ModuleType) -> web.StreamResponse:
         self.metrics.requests += 1
         session = self.sessions.get(_agent_key(request))
@@ -356,7 +392,7 @@ class CaptureProxy:
             self.metrics.unauthorized += 1
             return _json(dialect.render_error(401, "unknown API key: no such session", "authentication_error"), 401)
         try:
-            body = orjson.loads(await request.read())
+            body = orjson.loads(await self._read_body(request))
             chat = dialect.parse_request(body)
             upstream_body, requested = engine_request(
                 chat.body,
@@ -364,76 +400,88 @@ class CaptureProxy:
                 policy=session.policy,
                 max_output_tokens=session.config.max_output_tokens,
             )
+            payload = dumps_bounded(upstream_body)  # the engine request's one serialisation, nesting bounded
+        except _BodyError as exc:
+            return self._client_error(session, dialect, exc.status, str(exc), None)
         except orjson.JSONDecodeError as exc:
             return self._client_error(session, dialect, 400, f"malformed JSON: {exc}", None)
+        except NestingError:
+            return self._client_error(
+                session, dialect, 400, f"request nests deeper than {MAX_REQUEST_DEPTH} levels", None
+            )
         except (DialectError, PolicyError) as exc:
             status = getattr(exc, "status", 400)
             return self._client_error(session, dialect, status, str(exc), getattr(exc, "param", None))
         if session.budget_exhausted():
             session.stats.budget_refusals += 1
-            return await self._reply(request, dialect, chat, _budget_reply(session.model, chat))
+            reply = _render(dialect, chat, _budget_reply(session.model, chat))
+            stream = await _open_stream(request) if chat.stream else None
+            return await _send(stream, reply)
         with session.call_slot():  # concurrent calls of one session cannot overrun its budget
-            started = time.perf_counter()
-            client = self._client(session.config.llm_url)
-            if chat.stream:
-                return await self._streamed_call(request, dialect, chat, session, client, upstream_body, requested)
-            try:
-                engine = await client.chat(upstream_body)
-                self._record(session, chat, engine, upstream_body, requested, request)
-            except UpstreamError as exc:
-                session.stats.errors += 1
-                self.metrics.upstream_errors += 1
-                return _json(dialect.render_error(exc.status, str(exc), "api_error"), exc.status)
-            self.metrics.observe_call(time.perf_counter() - started)
-            return _json(dialect.render_response(engine, chat))
+            return await self._engine_call(request, dialect, chat, session, payload, upstream_body, requested)
 
-    async def _streamed_call(
+    async def _engine_call(
         self,
         request: web.Request,
         dialect: ModuleType,
         chat: ChatRequest,
         session: Session,
-        client: EngineClient,
+        payload: bytes,
         upstream_body: dict[str, Any],
         requested: dict[str, Any],
     ) -> web.StreamResponse:
+        """Call the engine, render the reply, record the turn, send the reply: recorded iff replied."""
         started = time.perf_counter()
-        response = _sse_response()
-        await response.prepare(request)
-        keepalive = asyncio.ensure_future(self._keepalive(response, dialect.KEEPALIVE))
+        client = self._client(session.config.llm_url)
+        stream = keepalive = None
+        if chat.stream:  # headers now, keepalives while the engine works
+            stream = await _open_stream(request)
+            keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
         try:
-            engine = await client.chat(upstream_body)
-            keepalive.cancel()
-            self._record(session, chat, engine, upstream_body, requested, request)
-        except UpstreamError as exc:
+            try:
+                engine = await client.chat(payload)
+            finally:
+                if keepalive is not None:  # it can't write again: it raises CancelledError where it waits
+                    keepalive.cancel()
+            # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
+            # a recorded one is handed to the transport.
+            capture = extract_capture(engine)
+            reply = _render(dialect, chat, engine)
+            if self.sessions.get(session.id) is not session:
+                raise _CallFailed(404, "the session was deleted during the call; nothing was recorded", None)
+            self._record(session, chat, capture, engine, upstream_body, requested, request)
+        except (UpstreamError, _CallFailed) as exc:
             session.stats.errors += 1
-            self.metrics.upstream_errors += 1
-            await response.write(dialect.render_stream_error(exc.status, str(exc), "api_error", request=chat))
-            await response.write_eof()
-            return response
-        finally:
-            keepalive.cancel()
-        await response.write(b"".join(dialect.render_stream(engine, chat)))
-        await response.write_eof()
+            if isinstance(exc, UpstreamError):
+                self.metrics.upstream_errors += 1
+                type_ = None if exc.status < 500 else "api_error"  # a 4xx upstream is the request's fault
+            else:
+                type_ = exc.type
+            if stream is None:
+                return _json(dialect.render_error(exc.status, str(exc), type_), exc.status)
+            await _end_stream_with_error(stream, dialect, exc.status, str(exc), type_, chat)
+            return stream
         self.metrics.observe_call(time.perf_counter() - started)
-        return response
+        return await _send(stream, reply)
 
     async def _keepalive(self, response: web.StreamResponse, frame: bytes) -> None:
-        """Write ``frame`` every ``keepalive_s`` until cancelled."""
-        while True:
-            await asyncio.sleep(self.config.keepalive_s)
-            await response.write(frame)
+        """Write ``frame`` every ``keepalive_s`` until cancelled or the client is gone."""
+        with suppress(ConnectionError):
+            while True:
+                await asyncio.sleep(self.config.keepalive_s)
+                await response.write(frame)
 
     def _record(
         self,
         session: Session,
         chat: ChatRequest,
+        capture: Capture,
         engine: dict[str, Any],
         upstream_body: dict[str, Any],
         requested: dict[str, Any],
         request: web.Request,
     ) -> None:
-        capture = extract_capture(engine)
+        """Journal, then add to the graph, one checked and rendered call; all or nothing."""
         choice = engine["choices"][0]
         tools = upstream_body.get("tools") or []
         metadata = {
@@ -455,6 +503,11 @@ class CaptureProxy:
             )
         except CaptureContractError as exc:
             raise MalformedUpstream(str(exc)) from None
+        except OSError as exc:
+            log.error("session %s: journal write failed, turn not recorded: %s", session.id, exc)
+            raise _CallFailed(
+                500, f"the turn could not be journaled ({exc}); nothing was recorded", "api_error"
+            ) from None
         self.metrics.captured_tokens += len(capture.sampled_ids)
 
     def _client_error(
@@ -464,16 +517,84 @@ class CaptureProxy:
         self.metrics.client_errors += 1
         return _json(dialect.render_error(status, message, "invalid_request_error", param=param), status)
 
-    async def _reply(
-        self, request: web.Request, dialect: ModuleType, chat: ChatRequest, engine: dict[str, Any]
-    ) -> web.StreamResponse:
-        if not chat.stream:
-            return _json(dialect.render_response(engine, chat))
-        response = _sse_response()
-        await response.prepare(request)
-        await response.write(b"".join(dialect.render_stream(engine, chat)))
-        await response.write_eof()
-        return response
+
+_OPEN_STREAM = web.RequestKey("open_stream", web.StreamResponse)
+"""The request's SSE response once its headers are sent: errors after that go into the stream."""
+
+
+class _CallFailed(Exception):
+    """A model call that fails after the engine answered; ``status`` and ``type`` are what the agent is told."""
+
+    def __init__(self, status: int, message: str, type_: str | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+
+
+class _BodyError(Exception):
+    """A request body that can't be read or decoded; ``status`` is what the caller is told."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _dialect_for(path: str) -> ModuleType:
+    """The dialect whose error shape a path's caller reads (OpenAI's for the control plane)."""
+    if path.startswith("/v1/messages"):
+        return anthropic_messages
+    return ROUTES.get(path, openai_chat)
+
+
+def _render(dialect: ModuleType, chat: ChatRequest, engine: dict[str, Any]) -> bytes:
+    """The whole reply, JSON or every SSE frame, before anything is recorded or sent.
+
+    The engine reply was checked (``extract_capture``) and the request validated, so a failure here is
+    either an engine reply the checks let through (502) or a bug (500, logged); either way nothing is recorded.
+    """
+    try:
+        if chat.stream:
+            return b"".join(dialect.render_stream(engine, chat))
+        return orjson.dumps(dialect.render_response(engine, chat))
+    except orjson.JSONEncodeError as exc:
+        raise MalformedUpstream(f"the reply could not be rendered: {exc}") from None
+    except Exception as exc:
+        log.exception("rendering a %s reply failed", dialect.NAME)
+        raise _CallFailed(
+            500, f"internal proxy error rendering the reply: {type(exc).__name__}: {exc}", "api_error"
+        ) from None
+
+
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await response.prepare(request)
+    request[_OPEN_STREAM] = response
+    return response
+
+
+async def _send(stream: web.StreamResponse | None, reply: bytes) -> web.StreamResponse:
+    """Send a rendered reply: as the body of a JSON response, or as the rest of the open stream."""
+    if stream is None:
+        return web.Response(body=reply, content_type="application/json")
+    await stream.write(reply)
+    await stream.write_eof()
+    return stream
+
+
+async def _end_stream_with_error(
+    stream: web.StreamResponse,
+    dialect: ModuleType,
+    status: int,
+    message: str,
+    type_: str | None,
+    chat: ChatRequest | None = None,
+) -> None:
+    """The dialect's stream error event, then the end of the stream (a client already gone is ignored)."""
+    with suppress(ConnectionError, RuntimeError):  # RuntimeError: the stream had already ended
+        await stream.write(dialect.render_stream_error(status, message, type_, request=chat))
+        await stream.write_eof()
 
 
 _SAMPLING_KEYS = (
@@ -488,12 +609,6 @@ _SAMPLING_KEYS = (
     "seed",
     "stop",
 )
-
-
-def _sse_response() -> web.StreamResponse:
-    return web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
 
 
 def _budget_reply(model: str, chat: ChatRequest) -> dict[str, Any]:
@@ -512,6 +627,86 @@ def _budget_reply(model: str, chat: ChatRequest) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     }
+
+
+def _decode_body(data: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """``data`` decoded per ``content_encoding`` (codings applied in order, so undone in reverse)."""
+    if not content_encoding:
+        return data
+    for coding in reversed([c.strip().lower() for c in content_encoding.split(",")]):
+        if coding in ("", "identity"):
+            continue
+        if coding in ("gzip", "x-gzip"):
+            data = _inflate(data, 16 + zlib.MAX_WBITS, limit, coding)
+        elif coding == "deflate":  # zlib-wrapped, as HTTP says, or raw, as some clients send
+            try:
+                data = _inflate(data, zlib.MAX_WBITS, limit, coding)
+            except _BodyError:
+                data = _inflate(data, -zlib.MAX_WBITS, limit, coding)
+        elif coding == "br" and brotli is not None:
+            data = _unbrotli(data, limit)
+        else:
+            supported = "gzip, deflate" + (", br" if brotli is not None else "")
+            raise _BodyError(415, f"unsupported Content-Encoding {coding!r} (supported: {supported})")
+    return data
+
+
+def _inflate(data: bytes, wbits: int, limit: int, coding: str) -> bytes:
+    """zlib/gzip/raw-deflate decoding of every member of ``data``, refusing output past ``limit``."""
+    out: list[bytes] = []
+    size = 0
+    while True:
+        decoder = zlib.decompressobj(wbits)
+        try:
+            chunk = decoder.decompress(data, limit + 1 - size)
+        except zlib.error as exc:
+            raise _BodyError(400, f"body is not valid {coding}: {exc}") from None
+        size += len(chunk)
+        if size > limit:
+            raise _BodyError(413, f"decoded request body exceeds {limit} bytes")
+        if not decoder.eof:
+            raise _BodyError(400, f"body is truncated {coding}")
+        out.append(chunk)
+        data = decoder.unused_data
+        if not data:
+            return b"".join(out)
+
+
+def _unbrotli(data: bytes, limit: int) -> bytes:
+    decoder = brotli.Decompressor()
+    try:
+        out = decoder.process(data, output_buffer_limit=limit + 1)
+    except brotli.error as exc:
+        raise _BodyError(400, f"body is not valid br: {exc}") from None
+    if len(out) > limit:
+        raise _BodyError(413, f"decoded request body exceeds {limit} bytes")
+    if not decoder.is_finished():
+        raise _BodyError(400, "body is truncated br")
+    return out
+
+
+def _session_request(body: Any) -> tuple[str | None, SessionConfig]:
+    """The session id and config of a ``POST /sessions`` body; anything malformed is a ``ValueError`` (400)."""
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    check_depth(body)
+    body = dict(body)
+    session_id = body.pop("session_id", None)
+    if session_id is not None and not isinstance(session_id, str):
+        raise ValueError("session_id must be a string")
+    for key in ("llm_url", "model"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise ValueError(f"{key} must be a string")
+    for key in ("sampling", "metadata"):
+        if body.get(key) is not None and not isinstance(body[key], dict):
+            raise ValueError(f"{key} must be an object")
+    if body.get("metadata", {}) is None:
+        del body["metadata"]
+    if body.get("llm_url") is not None:
+        url = urlsplit(body["llm_url"])
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError("llm_url must be an http(s) URL")
+    return session_id, SessionConfig(**body)
 
 
 _HARNESS_SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id", "conversation_id")

@@ -122,27 +122,37 @@ class Session:
             self._in_flight -= 1
 
     def record(self, capture: Capture, request: dict[str, Any], response: dict[str, Any], metadata: dict) -> str:
-        """Add one engine call to the graph and the journal; returns the node id.
+        """Add one engine call to the journal, then to the graph; returns the node id.
 
-        The journal write completes before this returns, so the caller may
-        reply to the agent afterwards knowing the turn is on disk.
+        All or nothing: a call the graph rejects (``CaptureContractError``) is not journaled, and one
+        whose journal write fails (``OSError``, e.g. a full disk) is not in the graph, so the trace
+        holds a turn only if its journal record is on disk. The caller renders its reply first and
+        sends it after this returns.
         """
+
+        def journal(node_id: str, base: str | None, new_prompt_ids: list[int]) -> None:
+            self.journal.append(
+                {
+                    "kind": "call",
+                    "node_id": node_id,
+                    "base": base,
+                    "new_prompt_ids": new_prompt_ids,
+                    "sampled_ids": capture.sampled_ids,
+                    "logprobs": capture.logprobs,
+                    "request": _request_delta(request, base, self._requests.get(base) if base else None),
+                    "response": response,
+                    "metadata": metadata,
+                }
+            )
+
         node_id = self.graph.add_call(
-            capture.prompt_ids, capture.sampled_ids, capture.logprobs, request, response, metadata
-        )
-        base, new_prompt_ids = self.graph.prompt_delta(node_id)
-        self.journal.append(
-            {
-                "kind": "call",
-                "node_id": node_id,
-                "base": base,
-                "new_prompt_ids": new_prompt_ids,
-                "sampled_ids": capture.sampled_ids,
-                "logprobs": capture.logprobs,
-                "request": _request_delta(request, base, self._requests.get(base) if base else None),
-                "response": response,
-                "metadata": metadata,
-            }
+            capture.prompt_ids,
+            capture.sampled_ids,
+            capture.logprobs,
+            request,
+            response,
+            metadata,
+            before_commit=journal,
         )
         self._requests[node_id] = request
         self._count(capture)

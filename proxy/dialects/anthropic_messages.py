@@ -58,7 +58,9 @@ from proxy.dialects.base import (
     function_tool,
     id_suffix,
     join_text_parts,
+    json_text,
     model_name,
+    one_of,
     optional_bool,
     parse_arguments,
     sse_frame,
@@ -154,7 +156,8 @@ def _message(message: Any, param: str, *, first: bool = False) -> list[dict[str,
     expect(isinstance(content, list), "message content must be a string or an array of blocks", f"{param}.content")
     for index, block in enumerate(content):
         expect(isinstance(block, dict), "content blocks must be objects", f"{param}.content[{index}]")
-        if block.get("type") in _UNSUPPORTED_BLOCKS:
+        expect(isinstance(block.get("type"), str), "content blocks need a string 'type'", f"{param}.content[{index}]")
+        if block["type"] in _UNSUPPORTED_BLOCKS:
             raise DialectError(
                 400,
                 f"content block type {block['type']!r} is not supported: the capture proxy serves text only",
@@ -198,7 +201,7 @@ def _assistant(blocks: list[dict[str, Any]], param: str) -> dict[str, Any]:
             expect(isinstance(call_id, str) and bool(call_id), "tool_use needs an 'id'", where)
             expect(isinstance(name, str) and bool(name), "tool_use needs a 'name'", where)
             expect(isinstance(arguments, dict), "tool_use 'input' must be an object", where)
-            function = {"name": name, "arguments": orjson.dumps(arguments).decode()}
+            function = {"name": name, "arguments": json_text(arguments, f"{where}.input")}
             calls.append({"id": call_id, "type": "function", "function": function})
         elif kind == "thinking":
             text = block.get("thinking")
@@ -250,7 +253,7 @@ def _tool_choice(choice: Any, out: dict[str, Any]) -> None:
         expect(isinstance(name, str) and bool(name), "'tool_choice' of type 'tool' needs a 'name'", "tool_choice")
         out["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:
-        expect(kind in _TOOL_CHOICES, f"unknown 'tool_choice' type {kind!r}", "tool_choice")
+        expect(one_of(kind, _TOOL_CHOICES), f"unknown 'tool_choice' type {kind!r}", "tool_choice")
         out["tool_choice"] = _TOOL_CHOICES[kind]
     if choice.get("disable_parallel_tool_use"):
         out["parallel_tool_calls"] = False

@@ -37,6 +37,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
+
 DELTA_CHARS = 64
 """Characters per streamed text or argument delta."""
 
@@ -224,6 +226,28 @@ def expect_object(body: Any) -> dict[str, Any]:
     return body
 
 
+def one_of(value: Any, options: frozenset[str] | dict[str, Any]) -> bool:
+    """Whether ``value`` is one of the string ``options``; False for any non-string, hashable or not."""
+    return isinstance(value, str) and value in options
+
+
+def json_text(value: Any, param: str | None = None) -> str:
+    """Compact JSON text of a request value (tool arguments); a value nested too deeply is a 400."""
+    try:
+        return dumps_bounded(value).decode()
+    except NestingError:
+        raise DialectError(400, f"value nests deeper than {MAX_REQUEST_DEPTH} levels", param) from None
+
+
+def expect_bounded(value: Any, param: str | None = None) -> None:
+    """A 400 unless ``value`` nests at most ``MAX_REQUEST_DEPTH`` levels: for what a reply repeats but the
+    engine request (whose serialisation checks the rest) does not carry."""
+    try:
+        check_depth(value)
+    except NestingError:
+        raise DialectError(400, f"value nests deeper than {MAX_REQUEST_DEPTH} levels", param) from None
+
+
 def optional_bool(body: dict[str, Any], key: str) -> bool:
     """``body[key]`` as a bool (absent or null is False); a non-boolean is a 400."""
     value = body.get(key)
@@ -254,7 +278,7 @@ def join_text_parts(parts: list[Any], text_types: frozenset[str], param: str) ->
     for part in parts:
         expect(isinstance(part, dict), "content parts must be objects", param)
         kind = part.get("type")
-        if kind not in text_types:
+        if not one_of(kind, text_types):
             raise DialectError(
                 400, f"content part type {kind!r} is not supported: the capture proxy serves text only", param
             )

@@ -10,7 +10,9 @@ The engine speaks this dialect, so translation is pass-through with normalisatio
   ``return_token_ids`` are lifted out of the body (the proxy sets its own). The
   reply echoes logprobs only if the agent asked for ``logprobs`` and ids only if it
   asked for ``return_token_ids`` (LiteLLM/terminus-2 rollout details).
-- Every other field passes through untouched for the proxy's policy to judge.
+- Every other field passes through untouched for the proxy's policy to judge, and the
+  messages' other fields (``tool_calls``, ``tool_call_id``, ``name``, ...) for the engine
+  to validate: its 4xx reaches the agent as the request's error.
 
 A stream replays the reply as ``chat.completion.chunk`` frames: a role chunk,
 reasoning and text deltas, per tool call one header chunk (id, name) followed by
@@ -26,6 +28,7 @@ from proxy.dialects.base import (
     SSE_COMMENT_KEEPALIVE,
     SSE_DONE,
     ChatRequest,
+    DialectError,
     chunks,
     drop_empty_tools,
     engine_choice,
@@ -38,6 +41,7 @@ from proxy.dialects.base import (
     id_suffix,
     join_text_parts,
     model_name,
+    one_of,
     optional_bool,
     sse_frame,
     status_error_type,
@@ -101,7 +105,8 @@ def parse_request(body: Any) -> ChatRequest:
 def _message(message: Any, param: str) -> dict[str, Any]:
     expect(isinstance(message, dict), "each message must be an object", param)
     role = message.get("role")
-    expect(role in _ROLES, f"unknown message role {role!r}", f"{param}.role")
+    if not one_of(role, _ROLES):
+        raise DialectError(400, f"unknown message role {role!r}", f"{param}.role")
     content = message.get("content")
     if role != "developer" and not isinstance(content, list):
         expect(content is None or isinstance(content, str), "message content must be a string or an array", param)

@@ -64,10 +64,12 @@ from proxy.dialects.base import (
     engine_tool_calls,
     engine_usage,
     expect,
+    expect_bounded,
     expect_object,
     function_tool,
     id_suffix,
     join_text_parts,
+    json_text,
     model_name,
     optional_bool,
     parse_arguments,
@@ -140,7 +142,9 @@ def parse_request(body: Any) -> ChatRequest:
     if response_format is not None:
         out["response_format"] = response_format
     drop_empty_tools(out)
-    return ChatRequest(dialect=NAME, body=out, model=model, stream=stream, tool_kinds=tool_kinds, echo=_echo(body))
+    echo = _echo(body)
+    expect_bounded(echo)  # every reply repeats these fields, so they must always render
+    return ChatRequest(dialect=NAME, body=out, model=model, stream=stream, tool_kinds=tool_kinds, echo=echo)
 
 
 def _echo(body: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +248,7 @@ def _messages(instructions: str | None, items: Any) -> list[dict[str, Any]]:
         param = f"input[{index}]"
         expect(isinstance(item, dict), "each input item must be an object", param)
         kind = item.get("type", "message" if "role" in item else None)
+        expect(kind is None or isinstance(kind, str), "input item 'type' must be a string", f"{param}.type")
         role = item.get("role") if kind == "message" else None
         if kind in _SKIPPED_ITEMS:
             continue
@@ -308,12 +313,12 @@ def _tool_call(item: dict[str, Any], kind: str, param: str) -> dict[str, Any]:
     if kind == "function_call":
         name, arguments = item.get("name"), item.get("arguments")
         if isinstance(arguments, dict):
-            arguments = orjson.dumps(arguments).decode()
+            arguments = json_text(arguments, f"{param}.arguments")
         expect(isinstance(arguments, str), "function_call 'arguments' must be a string", param)
     elif kind == "custom_tool_call":
         name, text = item.get("name"), item.get("input")
         expect(isinstance(text, str), "custom_tool_call 'input' must be a string", param)
-        arguments = orjson.dumps({"input": text}).decode()
+        arguments = json_text({"input": text}, param)
     else:
         name = LOCAL_SHELL_TOOL
         action = item.get("action")
@@ -323,7 +328,7 @@ def _tool_call(item: dict[str, Any], kind: str, param: str) -> dict[str, Any]:
             shell["workdir"] = action["working_directory"]
         if action.get("timeout_ms") is not None:
             shell["timeout_ms"] = action["timeout_ms"]
-        arguments = orjson.dumps(shell).decode()
+        arguments = json_text(shell, f"{param}.action")
     expect(isinstance(name, str) and bool(name), f"{kind} needs a 'name'", param)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
