@@ -9,7 +9,7 @@ SSE and end in the dialect's terminal event; after every request the session's g
 the turns whose replies the agent got ("recorded iff replied"), and at the end so do the exported
 traces and the journals; a normal session is still exact afterwards.
 
-Three phases: ``PROXY_FUZZ_REQUESTS`` (default 3000) mutated requests of every route, 15% of them
+Three phases: ``PROXY_FUZZ_REQUESTS`` (default 10000) mutated requests of every route, 15% of them
 asking to stream; ``PROXY_FUZZ_STREAMS`` (default 400) streamed model calls with at most one
 mutation; and a few dozen model calls, streamed or not, while the engine fails (malformed 200s,
 4xx, 5xx, cut JSON), whose errors must be in the dialect's shape and record nothing.
@@ -47,7 +47,7 @@ from tests.proxy.wire import (
     stream_outcome,
 )
 
-REQUESTS = int(os.environ.get("PROXY_FUZZ_REQUESTS", "3000"))
+REQUESTS = int(os.environ.get("PROXY_FUZZ_REQUESTS", "10000"))
 STREAMS = int(os.environ.get("PROXY_FUZZ_STREAMS", "400"))
 FAULTS = 60
 SEED = int(os.environ.get("PROXY_FUZZ_SEED", "8"))
