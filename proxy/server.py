@@ -331,14 +331,16 @@ class CaptureProxy:
         return _json({"deleted": session.id})
 
     async def _get_trace(self, request: web.Request) -> web.Response:
+        """The session's trace, built and serialised on a worker thread: a large export never stalls the loop."""
         session = self._session_or_404(request)
-        trace = await asyncio.to_thread(session.graph.to_training_trace)
-        return web.Response(body=trace.to_json(), content_type="application/json")
+        body = await asyncio.to_thread(lambda: session.graph.to_training_trace().to_json())
+        return web.Response(body=body, content_type="application/json")
 
     async def _get_sequences(self, request: web.Request) -> web.Response:
+        """The session's training sequences, built and serialised on a worker thread."""
         session = self._session_or_404(request)
-        sequences = await asyncio.to_thread(session.graph.training_sequences)
-        return _json({"sequences": sequences})
+        body = await asyncio.to_thread(lambda: orjson.dumps({"sequences": session.graph.training_sequences()}))
+        return web.Response(body=body, content_type="application/json")
 
     async def _health(self, request: web.Request) -> web.Response:
         return _json({"status": "ok", "sessions": len(self.sessions)})

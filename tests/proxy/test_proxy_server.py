@@ -7,14 +7,18 @@ import re
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
+import proxy.server as server_module
 from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.server import BUDGET_EXHAUSTED_TEXT as BUDGET_TEXT
+from proxy.trace import TrainingTrace
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
 from tests.support.processes import ReadyProcess
 from tests.support.wait import until
@@ -318,5 +322,35 @@ def test_the_blocking_admin_client_covers_the_control_plane(tmp_path: Path) -> N
         with pytest.raises(ProxyClientError) as refused:
             await asyncio.to_thread(ProxyAdminClient(stack.url, "wrong-key", timeout_s=10).create_session)
         assert refused.value.status == 401
+
+    run_stack(body, tmp_path)
+
+
+def test_exports_build_and_serialise_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace or sequence export (hundreds of MB for a long session) never runs on the loop that serves
+    every other session: building and serialising both happen on a worker thread."""
+    threads: dict[str, threading.Thread] = {}
+    to_json, dumps = TrainingTrace.to_json, server_module.orjson.dumps
+
+    def recording_to_json(trace: TrainingTrace) -> bytes:
+        threads["trace"] = threading.current_thread()
+        return to_json(trace)
+
+    def recording_dumps(value: Any, *args: Any, **kwargs: Any) -> bytes:
+        if isinstance(value, dict) and "sequences" in value:
+            threads["sequences"] = threading.current_thread()
+        return dumps(value, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingTrace, "to_json", recording_to_json)
+    monkeypatch.setattr(server_module.orjson, "dumps", recording_dumps)
+
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session(purpose="train", sampling={"temperature": 1.0})
+        await agent_turns(stack, key, 3)
+        loop_thread = threading.current_thread()
+        assert len((await stack.trace(key))["turns"]) == 3
+        assert len(await stack.sequences(key)) == 1
+        assert set(threads) == {"trace", "sequences"}
+        assert all(thread is not loop_thread for thread in threads.values())
 
     run_stack(body, tmp_path)
