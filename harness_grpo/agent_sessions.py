@@ -29,13 +29,12 @@ from __future__ import annotations
 import abc
 import os
 import threading
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness_grpo.agents import agent_binary, get_agent, run_agent
-from harness_grpo.rollout_context import ProxySessionLease, RolloutContext
+from harness_grpo.rollout_context import BoundSessionFactory, ProxySessionLease, RolloutContext
 from harness_grpo.sandbox import ProcessResult, Sandbox, TempDirSandbox
 from harness_grpo.session_protocol import VerifyResult, instruction_of
 from proxy.trace import TrainingTrace
@@ -97,7 +96,7 @@ class ProcessSession:
                 self.lease.release()
 
 
-class ProcessSessionFactory(abc.ABC):
+class ProcessSessionFactory(BoundSessionFactory, abc.ABC):
     """Creates ``ProcessSession``s; the trainer passes ``sampling`` and binds its proxy (``bind_rollout``).
 
     A subclass says how the agent runs (``execute``), its ``name`` (sandbox prefix, error messages) and what
@@ -120,25 +119,15 @@ class ProcessSessionFactory(abc.ABC):
         self.setup = setup
         self.sampling = dict(sampling)
         self.workdir_root = workdir_root
-        self.context: RolloutContext | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
         return {}
 
-    def bind_rollout(self, context: RolloutContext) -> None:
-        self.context = context
-
-    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> ProcessSession:
-        """A session on ``prompt`` (a task row holding only it)."""
-        return self.create_from_row({"prompt": prompt}, seed=seed or 0, episode_id=episode_id or uuid.uuid4().hex)
-
     def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> ProcessSession:
         """A session on the task ``row``: its sandbox set up and its proxy session created; the agent runs
         in ``wait_for_completion``."""
-        if self.context is None:
-            raise RuntimeError(f"{type(self).__name__} is not bound to a proxy: the trainer calls bind_rollout")
-        return ProcessSession(self, row, self.context, seed=seed, episode_id=episode_id)
+        return ProcessSession(self, row, self.bound_context(), seed=seed, episode_id=episode_id)
 
     @abc.abstractmethod
     def execute(self, session: ProcessSession, timeout_s: float | None) -> ProcessResult:

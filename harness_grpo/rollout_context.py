@@ -9,6 +9,8 @@ agent's model client sends, so every call it makes lands in that session.
 from __future__ import annotations
 
 import contextlib
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,3 +89,25 @@ class ProxySessionLease:
             with contextlib.suppress(ProxyClientError):
                 self._admin.delete(self.key)
             self.key = None
+
+
+class BoundSessionFactory:
+    """The shared part of our ``TrainerBoundSessionFactory``s: the bound context, and ``create(prompt)``
+    (what a third-party caller such as TRL's worker uses) as a row holding only the prompt."""
+
+    context: RolloutContext | None = None
+
+    def bind_rollout(self, context: RolloutContext) -> None:
+        self.context = context
+
+    def bound_context(self) -> RolloutContext:
+        """The context ``bind_rollout`` gave; ``RuntimeError`` before the trainer bound the factory."""
+        if self.context is None:
+            raise RuntimeError(f"{type(self).__name__} is not bound to a proxy: the trainer calls bind_rollout first")
+        return self.context
+
+    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> Any:
+        return self.create_from_row({"prompt": prompt}, seed=seed or 0, episode_id=episode_id or uuid.uuid4().hex)
+
+    def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> Any:
+        raise NotImplementedError

@@ -20,12 +20,11 @@ import json
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from harness_grpo.rollout_context import RolloutContext
+from harness_grpo.rollout_context import BoundSessionFactory, RolloutContext
 from harness_grpo.rollouts import create_session
 from harness_grpo.session_protocol import TrainerBoundSessionFactory, VerifyResult
 from proxy.trace import TrainingTrace
@@ -138,7 +137,7 @@ class WhiteBoxSession:
             self.lease.release()
 
 
-class WhiteBoxSessionFactory:
+class WhiteBoxSessionFactory(BoundSessionFactory):
     """Wraps the user's factory (built by the trainer like any other) so that ``adapter`` runs each rollout.
 
     A ``TrainerBoundSessionFactory``: the trainer binds it to its proxy; the user's factory creates
@@ -154,23 +153,18 @@ class WhiteBoxSessionFactory:
         self.adapter = adapter
         self.max_turns = max_turns
         self.limits = HarnessRunLimits(max_turns=max_turns)
-        self._context: RolloutContext | None = None
 
     def bind_rollout(self, context: RolloutContext) -> None:
-        self._context = context
+        super().bind_rollout(context)
         self.limits = HarnessRunLimits(max_turns=self.max_turns, sampling=dict(context.sampling))
         if isinstance(self.inner, TrainerBoundSessionFactory):
             self.inner.bind_rollout(context)
 
-    def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> WhiteBoxSession:
-        return self.create_from_row({"prompt": prompt}, seed=seed or 0, episode_id=episode_id or uuid.uuid4().hex)
-
     def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> WhiteBoxSession:
-        if self._context is None:
-            raise RuntimeError("WhiteBoxSessionFactory is not bound to a proxy: the trainer calls bind_rollout first")
+        context = self.bound_context()
         inner = create_session(self.inner, row, seed=seed, episode_id=episode_id)
         try:
-            return WhiteBoxSession(self, inner, self._context, seed=seed, episode_id=episode_id)
+            return WhiteBoxSession(self, inner, context, seed=seed, episode_id=episode_id)
         except BaseException:
             inner.close()
             raise
