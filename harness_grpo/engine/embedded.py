@@ -5,7 +5,8 @@ or ``"tiny"`` for the built tiny model) with ``AutoModelForCausalLM`` and
 ``AutoTokenizer`` and starts nothing; ``start()`` starts the compute thread,
 ``stop()`` ends it. It is thread-safe: prompts are rendered and encoded on the
 calling thread, generation runs on the compute thread (``submit`` returns a
-``concurrent.futures.Future``; ``generate`` waits for it). ``pause``/``resume``
+``concurrent.futures.Future``, and its ``on_token`` callback sees each token as
+it is sampled; ``generate`` waits for the future). ``pause``/``resume``
 and ``update_weights`` give the trainer vLLM's weight-sync protocol
 in-process: an update is checked, then copied between two decode iterations,
 and ``weight_version`` grows by one (or to the explicit version given, which
@@ -33,7 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from harness_grpo.engine.errors import EngineError, bad_request
-from harness_grpo.engine.generator import Completion, Generator, GeneratorStats
+from harness_grpo.engine.generator import Completion, Generator, GeneratorStats, TokenCallback
 from harness_grpo.engine.sampling import SamplingParams
 from harness_grpo.engine.tokens import TokenBytes
 from harness_grpo.engine.weights import check_state_dict, copy_state_dict
@@ -154,13 +155,15 @@ class EmbeddedEngine:
 
     # ----- generation -------------------------------------------------------
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Future:
-        """Queue a request; the future resolves to a ``Completion``."""
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, on_token: TokenCallback | None = None
+    ) -> Future:
+        """Queue a request; the future resolves to a ``Completion``; ``on_token`` streams (``generator``)."""
         if not prompt_ids or not all(0 <= t < self.vocab_size for t in prompt_ids):
             raise bad_request(f"prompt ids must be a non-empty list in [0, {self.vocab_size})", "prompt")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise bad_request(f"prompt + max_tokens exceeds max_model_len {self.max_model_len}", "max_tokens")
-        return self._generator.submit(prompt_ids, params)
+        return self._generator.submit(prompt_ids, params, on_token)
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, timeout_s: float = 600.0) -> Completion:
         """Submit and wait (504 ``EngineError`` after ``timeout_s``)."""

@@ -3,7 +3,12 @@
 Contract: ``Generator.submit(prompt_ids, params)`` returns a
 ``concurrent.futures.Future`` that resolves to a ``Completion`` (or an
 exception); any thread, or an asyncio loop via ``asyncio.wrap_future``, may
-wait on it, and cancelling it drops the sequence at the next iteration. One
+wait on it, and cancelling it drops the sequence at the next iteration. With
+``on_token``, the compute thread also calls ``on_token(token_id, logprob,
+top_logprobs)`` for each sampled token, in order, as soon as it is sampled and
+before the future resolves (streaming). The callback must return at once and
+never wait on its consumer (hand the token to a queue or another thread's
+loop); one that raises fails its sequence with that exception. One
 thread owns the model: each iteration it runs queued control commands,
 admits queued requests (unless paused), prefills them within a token budget
 (long prompts in chunks, so running rows keep decoding), samples their first
@@ -47,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 PAUSE_MODES = ("keep", "wait")
 
+# ``on_token(token_id, logprob, top_logprobs)``, called on the compute thread (see the module docstring).
+TokenCallback = Callable[[int, float, list[tuple[int, float]]], None]
+
 
 @dataclass(slots=True)
 class Completion:
@@ -83,6 +91,7 @@ class _Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     rng: torch.Generator
+    on_token: TokenCallback | None = None
     future: Future = field(default_factory=Future)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -149,10 +158,12 @@ class Generator:
         """Requests submitted and not yet admitted to a batch (vLLM's ``num_requests_waiting``)."""
         return len(self._incoming)
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Future:
-        """Queue one request; the future resolves to a ``Completion``."""
+    def submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, on_token: TokenCallback | None = None
+    ) -> Future:
+        """Queue one request; the future resolves to a ``Completion``, ``on_token`` sees each token first."""
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        seq = _Sequence(list(prompt_ids), params, torch.Generator().manual_seed(seed))
+        seq = _Sequence(list(prompt_ids), params, torch.Generator().manual_seed(seed), on_token)
         with self._cond:
             self._check_running()
             self._incoming.append(seq)
@@ -330,6 +341,13 @@ class Generator:
             seq.logprobs.append(chosen[i])
             n = seq.params.top_logprobs
             seq.top_logprobs.append(list(zip(top_ids[i][:n], top_values[i][:n], strict=True)) if n else [])
+            if seq.on_token is not None:
+                try:
+                    seq.on_token(tokens[i], chosen[i], seq.top_logprobs[-1])
+                except Exception as exc:
+                    logger.exception("a token callback failed; failing its sequence")
+                    self._fail(seq, exc)
+                    continue
             self._check_finished(seq)
         self.stats.generated_tokens += len(seqs)
         return tokens

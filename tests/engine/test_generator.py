@@ -109,3 +109,39 @@ def test_stop_fails_queued_requests_and_refuses_new_ones(make_generator, tokeniz
     assert info.value.status == 503
     with pytest.raises(EngineError):
         generator.submit(tokenizer.encode("a"), SamplingParams(max_tokens=3))
+
+
+def test_on_token_sees_each_token_before_the_future_resolves(make_generator, tokenizer):
+    generator = make_generator()
+    seen: list[tuple[int, float, list[tuple[int, float]], bool]] = []
+    futures = []
+
+    def on_token(token_id: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        seen.append((token_id, logprob, top, futures[0].done()))
+
+    params = SamplingParams(max_tokens=7, temperature=1.0, seed=4, top_logprobs=2, ignore_eos=True)
+    generator.pause()  # so that the future is recorded before the first token
+    futures.append(generator.submit(tokenizer.encode("def g():"), params, on_token))
+    generator.resume()
+    done = futures[0].result(30)
+    assert [(t, lp, top) for t, lp, top, _ in seen] == list(
+        zip(done.token_ids, done.logprobs, done.top_logprobs, strict=True)
+    )
+    assert not any(resolved for *_, resolved in seen)
+    plain = generator.submit(tokenizer.encode("def g():"), params).result(30)
+    assert plain.token_ids == done.token_ids
+
+
+def test_a_raising_on_token_fails_only_its_sequence(make_generator, tokenizer):
+    generator = make_generator()
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("consumer gone")
+
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    failing = generator.submit(tokenizer.encode("a"), params, broken)
+    healthy = generator.submit(tokenizer.encode("b"), params, lambda *_: None)
+    with pytest.raises(RuntimeError, match="consumer gone"):
+        failing.result(30)
+    assert len(healthy.result(30).token_ids) == 5
+    generator.pause(mode="wait", timeout_s=30)  # nothing left decoding
