@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness_grpo.engine.generator import Completion
@@ -40,7 +40,21 @@ def _entry(token_id: int, logprob: float, token_bytes: TokenBytes) -> dict[str, 
     return {"token": _token(token_id), "logprob": _logprob(logprob), "bytes": list(token_bytes(token_id))}
 
 
-def _usage(completion: Completion) -> dict[str, Any]:
+def chat_logprob_entries(
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    top_logprobs: Sequence[Sequence[tuple[int, float]]],
+    token_bytes: TokenBytes,
+) -> list[dict[str, Any]]:
+    """Chat ``logprobs.content``: one entry per token id, each with its ``top_logprobs`` entries."""
+    return [
+        {**_entry(token_id, logprob, token_bytes), "top_logprobs": [_entry(i, lp, token_bytes) for i, lp in top]}
+        for token_id, logprob, top in zip(token_ids, logprobs, top_logprobs, strict=True)
+    ]
+
+
+def usage(completion: Completion) -> dict[str, Any]:
+    """The ``usage`` object of a response (or of a stream's usage chunk)."""
     prompt, generated = len(completion.prompt_ids), len(completion.token_ids)
     return {
         "prompt_tokens": prompt,
@@ -67,15 +81,9 @@ def chat_response(
     logprobs = None
     if top_logprobs is not None:
         logprobs = {
-            "content": [
-                {
-                    **_entry(token_id, logprob, token_bytes),
-                    "top_logprobs": [_entry(i, lp, token_bytes) for i, lp in top],
-                }
-                for token_id, logprob, top in zip(
-                    completion.token_ids, completion.logprobs, completion.top_logprobs, strict=True
-                )
-            ]
+            "content": chat_logprob_entries(
+                completion.token_ids, completion.logprobs, completion.top_logprobs, token_bytes
+            )
         }
     choice = {
         "index": 0,
@@ -91,7 +99,7 @@ def chat_response(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": _usage(completion),
+        "usage": usage(completion),
         "prompt_logprobs": None,
         "prompt_token_ids": completion.prompt_ids if return_token_ids else None,
     }
@@ -138,5 +146,5 @@ def completion_response(
         "created": int(time.time()),
         "model": model,
         "choices": [choice],
-        "usage": _usage(completion),
+        "usage": usage(completion),
     }

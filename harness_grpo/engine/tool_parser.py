@@ -13,6 +13,7 @@ import re
 import uuid
 from typing import Any
 
+TOOL_CALL_TAG = "<tool_call>"
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
 
 
@@ -26,7 +27,7 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
 
     ``content`` is None when the output holds only tool calls.
     """
-    if "<tool_call>" not in text:
+    if TOOL_CALL_TAG not in text:
         return text, []
     calls = []
     for match in TOOL_CALL_RE.finditer(text):
@@ -46,5 +47,5 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
                 "function": {"name": obj["name"], "arguments": arguments_json},
             }
         )
-    content = text[: text.index("<tool_call>")].rstrip("\n")
+    content = text[: text.index(TOOL_CALL_TAG)].rstrip("\n")
     return (content or None), calls
