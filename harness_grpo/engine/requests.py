@@ -8,7 +8,8 @@ overrides ``max_tokens``, chat ``logprobs`` needs ``top_logprobs`` set (even
 to 0) to return ``logprobs.content``, completions ``logprobs`` is an int.
 Fields that would change the sampled distribution (penalties, ``min_p``,
 ``logit_bias``, guided decoding, ...) are accepted only at their neutral
-values; ``n`` must be 1 and ``stream`` false. vLLM's ``ignore_eos`` keeps sampling
+values; ``n`` must be 1. Chat may ``stream`` (with ``stream_options`` only
+then, and only ``include_usage``); completions may not. vLLM's ``ignore_eos`` keeps sampling
 past end-of-sequence tokens (fixed-length outputs for benchmarks and tests;
 the distribution is unchanged). Other unknown fields are ignored, as vLLM
 does. ``Options.sampling_params`` applies the context check
@@ -36,7 +37,6 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "min_tokens": 0,
     "use_beam_search": False,
     "echo": False,
-    "stream": False,
     "add_generation_prompt": True,
     "continue_final_message": False,
 }
@@ -52,7 +52,6 @@ UNSUPPORTED_FIELDS = (
     "guided_grammar",
     "structured_outputs",
     "prompt_logprobs",
-    "stream_options",
     "suffix",
     "chat_template",
     "documents",
@@ -114,6 +113,8 @@ class ChatRequest:
     parse_tool_calls: bool  # tools given and tool_choice is not "none"
     chat_template_kwargs: dict[str, Any]
     options: Options
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with ``usage``
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,25 @@ def _check_neutral(body: dict[str, Any]) -> None:
     response_format = body.get("response_format")
     if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
         raise bad_request("only a {'type': 'text'} response_format is supported", "response_format")
+
+
+def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``(stream, include_usage)``."""
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise bad_request("'stream_options' can only be set when 'stream' is true", "stream_options")
+    if not isinstance(options, dict):
+        raise _type_error("stream_options", "an object")
+    unsupported = sorted(key for key, value in options.items() if key != "include_usage" and value not in (None, False))
+    if unsupported:
+        raise bad_request(f"stream_options {unsupported} are not supported by the embedded engine", "stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _type_error("stream_options", "an object whose 'include_usage' is a boolean")
+    return stream, bool(include_usage)
 
 
 def _model(body: dict[str, Any]) -> str | None:
@@ -257,6 +277,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     if top_logprobs is not None and not wants_logprobs:
         raise bad_request("when using 'top_logprobs', 'logprobs' must be set to true", "top_logprobs")
     options = replace(options, top_logprobs=top_logprobs if wants_logprobs else None)
+    stream, include_usage = _stream(body)
     return ChatRequest(
         model=_model(body),
         messages=messages,
@@ -264,6 +285,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         parse_tool_calls=tools is not None and tool_choice != "none",
         chat_template_kwargs=dict(kwargs or {}),
         options=options,
+        stream=stream,
+        include_usage=include_usage,
     )
 
 
@@ -279,6 +302,9 @@ def parse_completion(body: dict[str, Any], vocab_size: int) -> CompletionRequest
             raise bad_request(f"prompt token ids must be in [0, {vocab_size})", "prompt")
     elif not isinstance(prompt, str) or not prompt:
         raise _type_error("prompt", "a non-empty string or a list of token ids (one prompt)")
+    for key in ("stream", "stream_options"):
+        if body.get(key) not in (None, False, {}):
+            raise bad_request(f"'{key}' is not supported by the embedded engine's /v1/completions", key)
     options = _options(body, max_tokens_keys=("max_tokens",), default_max_tokens=16)
     return CompletionRequest(
         model=_model(body),

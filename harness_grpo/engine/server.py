@@ -21,9 +21,11 @@ its own loop, for tests and scripts. Neither starts or stops the engine itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import orjson
@@ -32,9 +34,10 @@ from aiohttp import web
 from harness_grpo.engine.embedded import EmbeddedEngine
 from harness_grpo.engine.errors import EngineError, bad_request, error_body
 from harness_grpo.engine.generator import Completion
-from harness_grpo.engine.requests import parse_chat, parse_completion
+from harness_grpo.engine.requests import ChatRequest, parse_chat, parse_completion
 from harness_grpo.engine.responses import chat_response, completion_response
 from harness_grpo.engine.sampling import SamplingParams
+from harness_grpo.engine.streaming import SSE_DONE, ChatStream, Token, sse
 from harness_grpo.engine.weights import state_dict_from_safetensors
 from harness_grpo.service_loop import ServiceLoop
 
@@ -100,13 +103,87 @@ async def _generate(request: web.Request, prompt_ids: list[int], params: Samplin
         raise EngineError(504, f"generation did not finish within {timeout_s}s") from None
 
 
-async def chat_completions(request: web.Request) -> web.Response:
-    """``POST /v1/chat/completions``."""
+def _put_threadsafe(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: Any) -> None:
+    """Hand ``item`` to ``queue`` from another thread without waiting; RuntimeError once ``loop`` is closed."""
+    loop.call_soon_threadsafe(queue.put_nowait, item)
+
+
+async def _sampled(queue: asyncio.Queue) -> list[Token] | None:
+    """The tokens queued so far (waiting for at least one); None once the sequence has ended."""
+    tokens = []
+    item = await queue.get()
+    while item is not None:
+        tokens.append(item)
+        if queue.empty():
+            return tokens
+        item = queue.get_nowait()
+    return None  # tokens drained with the end marker reach the client from the Completion
+
+
+async def _stream_chat(
+    request: web.Request, chat: ChatRequest, prompt_ids: list[int], params: SamplingParams
+) -> web.StreamResponse:
+    """Stream one chat completion as server-sent events (``streaming``); the compute thread never waits on us."""
+    engine = _engine(request)
+    timeout_s = request.app[SETTINGS_KEY]["request_timeout_s"]
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Token | None] = asyncio.Queue()  # unbounded: a slow client never holds up a decode step
+    future = engine.submit(prompt_ids, params, lambda *token: _put_threadsafe(loop, queue, token))
+
+    def ended(_: Future) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+            _put_threadsafe(loop, queue, None)
+
+    future.add_done_callback(ended)
+    stream = ChatStream(
+        prompt_ids,
+        model=engine.served_model_name,
+        top_logprobs=chat.options.top_logprobs,
+        return_token_ids=chat.options.return_token_ids,
+        parse_tools=chat.parse_tool_calls,
+        include_usage=chat.include_usage,
+        stop=params.stop,
+        decode=engine.decode,
+        token_bytes=engine.token_bytes,
+    )
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+        await response.write(sse(stream.first()))
+        try:
+            async with asyncio.timeout(timeout_s):
+                while (tokens := await _sampled(queue)) is not None:
+                    if (chunk := stream.tokens(tokens)) is not None:
+                        await response.write(sse(chunk))
+            chunks = stream.finish(future.result())
+        except TimeoutError:
+            chunks = [error_body(504, f"generation did not finish within {timeout_s}s")]
+        except EngineError as exc:
+            chunks = [error_body(exc.status, exc.message, exc.param)]
+        except ConnectionResetError:
+            raise
+        except Exception as exc:
+            logger.exception("streaming a chat completion failed")
+            chunks = [error_body(500, f"internal engine error: {type(exc).__name__}: {exc}")]
+        for chunk in chunks:
+            await response.write(sse(chunk))
+        await response.write(SSE_DONE)
+    except ConnectionResetError:
+        logger.info("a streaming client disconnected; its request is cancelled")
+    finally:
+        future.cancel()  # a no-op once it finished
+    return response
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions`` (``stream: true`` answers server-sent events)."""
     engine = _engine(request)
     chat = parse_chat(await _json_body(request))
     _check_model(engine, chat.model)
     prompt_ids = await _in_executor(engine.render_chat, chat.messages, chat.tools, chat.chat_template_kwargs)
     params = chat.options.sampling_params(len(prompt_ids), engine.max_model_len, "messages")
+    if chat.stream:
+        return await _stream_chat(request, chat, prompt_ids, params)
     completion = await _generate(request, prompt_ids, params)
     return _json(
         chat_response(
