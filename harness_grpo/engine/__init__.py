@@ -1,7 +1,8 @@
 """The embedded CPU inference engine: vLLM's OpenAI HTTP contract on transformers.
 
 ``EmbeddedEngine`` loads a model and runs the compute thread (``generator``);
-``server`` exposes it over HTTP (``EngineServer``, ``ServerThread``);
+``server`` exposes it over HTTP (``EngineServer``, ``ServerThread``), streaming
+chat completions as vLLM does (``streaming``);
 ``python -m harness_grpo.engine`` runs it as a process.
 """
 

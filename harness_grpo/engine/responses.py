@@ -10,6 +10,8 @@ prompt ids at top level ``prompt_token_ids`` and the sampled ids in
 had tools (and ``tool_choice`` wasn't ``"none"``), tool calls are parsed with
 ``parse_tool_calls`` into ``message.tool_calls`` and ``finish_reason`` becomes
 ``"tool_calls"``. Completions put ``prompt_token_ids`` on the choice, as vLLM.
+A streamed chat completion's chunks (``streaming``) reuse these pieces and
+assemble to the same body.
 """
 
 from __future__ import annotations

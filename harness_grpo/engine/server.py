@@ -13,6 +13,18 @@ futures, and blocking control calls and template rendering run in the default
 executor. Every wait is bounded (``request_timeout_s``, ``control_timeout_s``),
 and a client that disconnects cancels its request.
 
+Streaming. A chat request with ``stream: true`` is validated, rendered and
+queued before the headers (so refusals are still plain JSON errors), then
+answered ``text/event-stream`` with the chunks of ``streaming.ChatStream``:
+the compute thread's ``on_token`` hands each token to an unbounded asyncio
+queue through ``call_soon_threadsafe`` and never waits on the client; the
+handler sends what has queued since its last write as one chunk (so a slow
+client gets fewer, larger chunks, not a slower engine). A failure or the
+``request_timeout_s`` deadline after the headers is an error event and
+``[DONE]``; a client that disconnects cancels its sequence. Pausing the engine
+pauses the stream; it resumes with the engine. ``/v1/completions`` does not
+stream.
+
 ``EngineServer`` starts and stops the app on a running loop (the trainer runs
 it on its service loop); ``ServerThread`` runs it on a background thread with
 its own loop, for tests and scripts. Neither starts or stops the engine itself.
