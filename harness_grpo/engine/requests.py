@@ -174,7 +174,7 @@ def _stream(body: dict[str, Any]) -> tuple[bool, bool]:
     """``(stream, include_usage)``."""
     stream = _flag(body, "stream")
     options = body.get("stream_options")
-    if options is None:
+    if options in (None, {}):
         return stream, False
     if not stream:
         raise bad_request("'stream_options' can only be set when 'stream' is true", "stream_options")

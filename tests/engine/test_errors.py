@@ -38,7 +38,7 @@ CASES = [
     (CHAT, _chat(top_logprobs=2), 400, "top_logprobs"),
     (CHAT, _chat(logprobs=True, top_logprobs=50), 400, "top_logprobs"),
     (CHAT, _chat(stream="yes"), 400, "stream"),
-    (CHAT, _chat(stream_options={"include_usage": True}), 400, "stream_options"),
+    (CHAT, _chat(stream=False, stream_options={"include_usage": True}), 400, "stream_options"),
     (CHAT, _chat(stream=True, stream_options=["include_usage"]), 400, "stream_options"),
     (CHAT, _chat(stream=True, stream_options={"include_usage": "yes"}), 400, "stream_options"),
     (CHAT, _chat(stream=True, stream_options={"continuous_usage_stats": True}), 400, "stream_options"),

@@ -191,7 +191,7 @@ def test_client_disconnect_mid_stream_cancels_the_sequence(fresh_served, monkeyp
 
 def test_pause_keep_freezes_a_stream_and_resume_finishes_it_unchanged(fresh_served):
     engine, http = fresh_served  # its own engine: the test pauses it
-    body = _body(max_tokens=48, ignore_eos=True)
+    body = _body(max_tokens=200, ignore_eos=True)
 
     async def run() -> list[Any]:
         async with aiohttp.ClientSession() as session:
@@ -200,7 +200,7 @@ def test_pause_keep_freezes_a_stream_and_resume_finishes_it_unchanged(fresh_serv
                 assert await stream.next() is not None
             await asyncio.to_thread(engine.pause, "keep")
             frozen_at = engine.stats.generated_tokens  # this is the engine's only request
-            assert frozen_at < 48
+            assert frozen_at < 200
             while len(stream.received_token_ids) < frozen_at:
                 assert await stream.next() is not None
             with pytest.raises(TimeoutError):  # nothing more while paused
@@ -243,3 +243,7 @@ def test_a_stream_past_its_deadline_ends_in_a_timeout_event(fresh_served):
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 504
     assert events[-2]["error"]["type"] == "GatewayTimeoutError"
     engine.pause(mode="wait", timeout_s=30)  # the timed-out sequence was cancelled
+
+
+def test_empty_stream_options_are_ignored_without_stream(http):
+    assert http.chat(**_body(max_tokens=2, stream=False, stream_options={}))["object"] == "chat.completion"
