@@ -8,18 +8,32 @@ Its "chat template" is append-only like Qwen's: an assistant turn re-renders
 to exactly the ids it was sampled as, followed by a newline id, so a
 multi-turn session forms one capture path. Every other turn is a tool call.
 
+A request with ``"stream": true`` is answered as vLLM streams with
+``return_token_ids``: a first chunk with ``prompt_token_ids``, then one
+``chat.completion.chunk`` per sampled id (its ``token_ids``, logprob and text
+piece; a tool call as ``tool_calls`` deltas: id and name first, then argument
+fragments), ``token_latency_s`` apart, the last with ``finish_reason``, a usage
+chunk, ``data: [DONE]``. A whole reply waits ``token_latency_s`` per token too.
+
 Faults are scheduled per call: ``FakeVLLM.faults`` is a list consumed in
 order, each entry one of ``("status", code, retry_after)``, ``("delay", s)``,
 ``("hold", event)`` (answer once the ``asyncio.Event`` is set: a test decides
 when the engine is done, instead of racing a delay), ``("truncate",)`` (a 200
-with cut JSON), ``("no_ids",)``, ``("patch", fn)`` (a 200 with what ``fn(completion)`` returns, a dict or raw
-bytes: a malformed reply of any shape), ``None``
-(normal). ``calls`` counts the chat requests that arrived, ``cancelled`` those
-whose caller went away while they waited (a delay, ``latency_s`` or a hold).
+with cut JSON; a stream cut halfway), ``("no_ids",)``, ``("patch", fn)`` (a 200
+with what ``fn(completion)`` returns, a dict or raw bytes: a malformed reply of
+any shape; streamed, it is one chunk carrying it whole), ``None`` (normal); and
+for streams ``("no_tool_ids",)`` (tool call deltas without ids, as vLLM's
+sometimes are), and, at stream frame ``n`` (0 is the role chunk),
+``("cut", n)`` (the stream ends there without ``[DONE]``), ``("bad_chunk", n)``
+(a chunk of broken JSON), ``("error_event", n)`` (vLLM's error event, then
+``[DONE]``), ``("pause", n, event)`` (the stream waits for the event). ``calls``
+counts the chat requests that arrived, ``cancelled`` those whose caller went
+away while they waited (a delay, ``latency_s``, a hold) or streamed.
 A body the fake template can't render is answered 400, as vLLM answers a
 request its validation refuses.
 
-``python bench/fake_vllm.py --port N [--latency-s S]`` runs it standalone.
+``python bench/fake_vllm.py --port N [--latency-s S] [--token-latency-s S]``
+runs it standalone.
 """
 
 from __future__ import annotations
@@ -77,9 +91,10 @@ def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
 class FakeVLLM:
     """The fake engine; ``start()``/``stop()`` on the current loop, or ``run_forever`` standalone."""
 
-    def __init__(self, *, latency_s: float = 0.0, completion_chars: int = 120) -> None:
+    def __init__(self, *, latency_s: float = 0.0, completion_chars: int = 120, token_latency_s: float = 0.0) -> None:
         self.latency_s = latency_s
         self.completion_chars = completion_chars
+        self.token_latency_s = token_latency_s
         self.faults: list[tuple | None] = []
         self.calls = 0
         self.cancelled = 0
@@ -107,7 +122,7 @@ class FakeVLLM:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.calls += 1
         fault = self.faults.pop(0) if self.faults else None
         body = orjson.loads(await request.read())
@@ -132,12 +147,56 @@ class FakeVLLM:
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
             err = {"error": {"message": f"invalid request: {type(exc).__name__}: {exc}", "type": "BadRequestError"}}
             return web.Response(body=orjson.dumps(err), status=400, content_type="application/json")
+        if body.get("stream"):
+            return await self._stream(request, body, completion, fault)
+        if self.token_latency_s:  # a whole reply takes as long as sampling its tokens one by one
+            try:
+                await asyncio.sleep(self.token_latency_s * completion["usage"]["completion_tokens"])
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         if fault and fault[0] == "patch":
             completion = fault[1](completion)
         payload = completion if isinstance(completion, bytes) else orjson.dumps(completion)
         if fault and fault[0] == "truncate":
             payload = payload[: len(payload) // 2]
         return web.Response(body=payload, content_type="application/json")
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], completion: dict[str, Any], fault: tuple | None
+    ) -> web.StreamResponse:
+        """vLLM's chat-completions stream of ``completion``, one chunk per sampled token, ``token_latency_s``
+        apart (see ``stream_frames``), with the stream faults of the module docstring."""
+        if fault and fault[0] == "patch":
+            frames = _one_chunk_frames(fault[1](completion))
+        else:
+            frames = stream_frames(completion, body, tool_ids=not (fault and fault[0] == "no_tool_ids"))
+        at = fault[1] if fault and fault[0] in _AT_FAULTS else None
+        if fault and fault[0] == "truncate":
+            at = len(frames) // 2
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            for index, frame in enumerate(frames):
+                if index == at:
+                    if fault[0] == "pause":
+                        await fault[2].wait()
+                    elif fault[0] == "bad_chunk":
+                        frame = b'data: {"choices": [\n\n'
+                    elif fault[0] == "error_event":
+                        error = {"error": {"message": "injected stream error", "type": "InternalServerError"}}
+                        await response.write(b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n")
+                        break
+                    else:  # cut, truncate: the stream ends here, without [DONE]
+                        break
+                if index > 0 and self.token_latency_s and frame != _DONE:
+                    await asyncio.sleep(self.token_latency_s)
+                await response.write(frame)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        await response.write_eof()
+        return response
 
     def reply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, seed: int) -> dict[str, Any]:
         """The assistant message for a history: a tool call on odd assistant turns when tools are offered."""
@@ -197,15 +256,89 @@ class FakeVLLM:
         return response
 
 
+_DONE = b"data: [DONE]\n\n"
+_AT_FAULTS = frozenset({"cut", "bad_chunk", "error_event", "pause"})
+
+
+def _data(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def stream_frames(completion: dict[str, Any], body: dict[str, Any], *, tool_ids: bool = True) -> list[bytes]:
+    """``completion`` as vLLM streams it: a role chunk with ``prompt_token_ids``, one chunk per completion id
+    (its ``token_ids``, its logprob, its piece of the text: 4 characters, as ``tokenize`` cuts; a tool call's
+    name with its first id, then its arguments spread over the others), the last one with ``finish_reason``, a
+    usage chunk when ``stream_options.include_usage`` asks, then ``[DONE]``."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    head = {key: completion[key] for key in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    ids = choice.get("token_ids")
+    count = len(ids) if ids is not None else completion["usage"]["completion_tokens"]
+    logprobs = (choice.get("logprobs") or {}).get("content")
+    deltas: list[dict[str, Any]] = [{} for _ in range(count)]
+    text = message.get("content") or ""
+    for index in range(count - 1):
+        if text[4 * index : 4 * index + 4]:
+            deltas[index]["content"] = text[4 * index : 4 * index + 4]
+    events = []  # tool call deltas: per call its header (id, name), then its arguments 4 characters at a time
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = {"name": call["function"]["name"], "arguments": ""}
+        events.append(
+            {"index": index, **({"id": call["id"]} if tool_ids else {}), "type": "function", "function": function}
+        )
+        arguments = call["function"]["arguments"]
+        events += (
+            {"index": index, "function": {"arguments": arguments[i : i + 4]}} for i in range(0, len(arguments), 4)
+        )
+    slots = max(count - 1, 1)  # spread over every id but the last (the end of turn)
+    for position, event in enumerate(events):
+        deltas[position * slots // len(events)].setdefault("tool_calls", []).append(event)
+    first = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}]}
+    if "prompt_token_ids" in completion:
+        first["prompt_token_ids"] = completion["prompt_token_ids"]
+    frames = [_data(first)]
+    for index, delta in enumerate(deltas):
+        last = index == count - 1
+        out: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None if logprobs is None else {"content": logprobs[index : index + 1]},
+            "finish_reason": choice["finish_reason"] if last else None,
+        }
+        if ids is not None:
+            out["token_ids"] = ids[index : index + 1]
+        if last:
+            out["stop_reason"] = None
+        frames.append(_data({**head, "choices": [out]}))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        frames.append(_data({**head, "choices": [], "usage": completion["usage"]}))
+    return [*frames, _DONE]
+
+
+def _one_chunk_frames(completion: dict[str, Any] | bytes) -> list[bytes]:
+    """A patched completion streamed as one chunk carrying it whole (its message as the delta), then
+    ``[DONE]``: whatever the patch broke reaches the client as a stream chunk."""
+    if isinstance(completion, bytes):
+        return [b"data: " + completion + b"\n\n", _DONE]
+    choices = completion.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = dict(choices[0])
+        choice["delta"] = choice.pop("message", None)
+        choices = [choice]
+    return [_data({**completion, "object": "chat.completion.chunk", "choices": choices}), _DONE]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--latency-s", type=float, default=0.0)
+    p.add_argument("--token-latency-s", type=float, default=0.0, help="time between streamed tokens")
     a = p.parse_args()
 
     async def run() -> None:
-        engine = FakeVLLM(latency_s=a.latency_s)
+        engine = FakeVLLM(latency_s=a.latency_s, token_latency_s=a.token_latency_s)
         port = await engine.start(a.host, a.port)
         print(f"fake vLLM on http://{a.host}:{port}", flush=True)
         await asyncio.Event().wait()

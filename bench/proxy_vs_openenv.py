@@ -21,8 +21,9 @@ back to back until the phase has made at least ``--target-calls`` calls (so a
 or ``--max-seconds`` seconds. All sessions are created before the clock starts.
 
 Two phases per case, each on a fresh proxy and against a DIRECT baseline (the
-same load straight to the engine; the engine can't stream, so one non-streaming
-direct run serves both streaming modes):
+same load straight to the engine, non-streaming, one direct run for both
+streaming modes; a streamed call through a proxy streams from the engine too,
+its chunks sent at once after the planned sleep):
 
 - throughput (closed loop, engine latency 0): ``calls/s`` = completed model
   calls / wall time from the first call sent to the last reply read. The proxy
@@ -189,7 +190,10 @@ class BenchEngine(fv.FakeVLLM):
         body = orjson.loads(await request.read())
         if self.latency_s > 0:
             await asyncio.sleep(planned_sleep(self.latency_s, self.jitter, body["messages"]))
-        return web.Response(body=orjson.dumps(self.complete(body)), content_type="application/json")
+        completion = self.complete(body)
+        if body.get("stream"):  # the whole stream at once: sampling time is the planned sleep
+            return web.Response(body=b"".join(fv.stream_frames(completion, body)), content_type="text/event-stream")
+        return web.Response(body=orjson.dumps(completion), content_type="application/json")
 
 
 def serve_engine(port: int, memo: bool) -> None:

@@ -8,7 +8,11 @@ the request already serialised (the proxy serialises it with its nesting bound,
 ``proxy.json_depth``). One call has one time budget, ``timeout_s``, for all its
 attempts and waits together: an attempt may only use what is left of it,
 running out is a 504 that is never retried, and a retry whose wait would not
-leave time to try is not made. ``extract_capture(response)`` takes the exact
+leave time to try is not made. ``EngineClient.chat_stream(body)`` is the same
+call streamed (vLLM's ``chat.completion.chunk``s, yielded as they arrive;
+retried only before the first chunk; one budget for the whole stream), and a
+``StreamAssembler`` checks the chunks and adds them up to the completion
+``chat`` would have returned. ``extract_capture(response)`` takes the exact
 ids and logprobs out of a vLLM chat response, after checking that its message
 has the shape the dialects render and nests no deeper than the proxy stores,
 or raises ``MalformedUpstream``; it never re-tokenizes.
@@ -21,12 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
+from proxy.dialects.base import TEXT_FIELDS
 from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -102,6 +110,164 @@ def extract_capture(response: dict[str, Any]) -> Capture:
             return Capture(prompt_ids, sampled_ids, None, f"logprob ids shifted at {position}")
         values.append(float(value))
     return Capture(prompt_ids, sampled_ids, values)
+
+
+class StreamAssembler:
+    """Builds the chat completion ``chat`` would have returned from the ``chat.completion.chunk``s of a vLLM
+    stream (``EngineClient.chat_stream``), checking each chunk as it arrives.
+
+    ``add(chunk)`` returns the chunk's text deltas in order, ``{field: text}`` over ``TEXT_FIELDS``, non-empty
+    texts only (one reasoning field: vLLM may send its text under both names). ``head`` is the reply's
+    ``id`` (minted when the engine sends none), ``created``, ``model`` and ``prompt_token_ids`` once the first
+    chunk has them. ``response()`` is the whole completion (the message's text, reasoning and tool calls with
+    their arguments joined, ``finish_reason``, ``prompt_token_ids``, ``choices[0].token_ids`` and
+    ``logprobs.content`` in stream order, ``usage``), for ``extract_capture`` and the renderers. Tool calls
+    are keyed by their delta ``index``; a call that never got an id keeps none (the renderers mint one).
+
+    ``MalformedUpstream`` for a chunk of the wrong shape, reasoning after text (no dialect could show it in
+    order), a chunk whose logprobs are not one per id (or ids without logprobs where others had them), a
+    stream without a ``finish_reason``, or ids that disagree with ``usage.completion_tokens``.
+    """
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self._texts: dict[str, list[str]] = {}
+        self._calls: list[dict[str, Any]] = []
+        self._ids: list[int] | None = None
+        self._logprobs: list[Any] | None = None
+        self._unlogged = 0  # ids that came in chunks without logprobs
+        self._choice: dict[str, Any] = {"finish_reason": None, "stop_reason": None}
+        self._usage: Any = None
+
+    def add(self, chunk: dict[str, Any]) -> dict[str, str]:
+        """Take the next chunk; returns its text deltas."""
+        if not self.head:
+            created = chunk.get("created")
+            self.head = {
+                "id": chunk.get("id") if isinstance(chunk.get("id"), str) else f"chatcmpl-{uuid.uuid4().hex}",
+                "created": created if type(created) is int else int(time.time()),
+                "model": chunk.get("model") if isinstance(chunk.get("model"), str) else "",
+            }
+        if "prompt_token_ids" in chunk and "prompt_token_ids" not in self.head:
+            self.head["prompt_token_ids"] = chunk["prompt_token_ids"]
+        if isinstance(chunk.get("system_fingerprint"), str):
+            self.head["system_fingerprint"] = chunk["system_fingerprint"]
+        if chunk.get("usage") is not None:
+            self._usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if choices is None or choices == []:
+            return {}
+        if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
+            raise MalformedUpstream("a stream chunk's choices is not one choice object")
+        choice = choices[0]
+        if choice.get("index", 0) != 0:
+            raise MalformedUpstream("a stream chunk is for a choice other than 0")
+        for key in ("finish_reason", "stop_reason"):
+            if choice.get(key) is not None:
+                self._choice[key] = choice[key]
+        self._add_tokens(choice)
+        delta = choice.get("delta")
+        if delta is None:
+            return {}
+        if not isinstance(delta, dict):
+            raise MalformedUpstream("a stream chunk's delta is not an object")
+        if delta.get("tool_calls") is not None:
+            self._add_tool_calls(delta["tool_calls"])
+        return self._add_texts(delta)
+
+    def _add_texts(self, delta: dict[str, Any]) -> dict[str, str]:
+        out = {}
+        for key in TEXT_FIELDS:
+            text = delta.get(key)
+            if not isinstance(text, str | None):
+                raise MalformedUpstream(f"a stream delta's {key} is not a string")
+            if not text or (key == "reasoning" and "reasoning_content" in out):
+                continue
+            if key != "content":
+                if "content" in self._texts:
+                    raise MalformedUpstream("the stream sent reasoning after text")
+                key = next((k for k in self._texts if k != "content"), key)  # one name for the reasoning
+            self._texts.setdefault(key, []).append(text)
+            out[key] = text
+        return out
+
+    def _add_tokens(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if ids is not None and not isinstance(ids, list):
+            raise MalformedUpstream("a stream chunk's token_ids is not an array")
+        logprobs = choice.get("logprobs")
+        if logprobs is not None and not isinstance(logprobs, dict):
+            raise MalformedUpstream("a stream chunk's logprobs is not an object")
+        content = (logprobs or {}).get("content")
+        if content is not None and not isinstance(content, list):
+            raise MalformedUpstream("a stream chunk's logprobs.content is not an array")
+        if ids is not None:
+            if self._ids is None:
+                self._ids = []
+            self._ids.extend(ids)
+        if content is not None:
+            if ids is not None and len(content) != len(ids):
+                raise MalformedUpstream(f"a stream chunk has {len(content)} logprobs for {len(ids)} ids")
+            if self._logprobs is None:
+                self._logprobs = []
+            self._logprobs.extend(content)
+        elif ids:
+            self._unlogged += len(ids)
+
+    def _add_tool_calls(self, deltas: Any) -> None:
+        if not isinstance(deltas, list):
+            raise MalformedUpstream("a stream delta's tool_calls is not an array")
+        for delta in deltas:
+            index = delta.get("index") if isinstance(delta, dict) else None
+            if type(index) is not int or not 0 <= index <= len(self._calls):
+                raise MalformedUpstream("a streamed tool call has no index, or skips one")
+            function = delta.get("function") or {}
+            if not isinstance(function, dict):
+                raise MalformedUpstream("a streamed tool call's function is not an object")
+            name, arguments = function.get("name"), function.get("arguments")
+            if not (isinstance(delta.get("id"), str | None) and isinstance(name, str | None)):
+                raise MalformedUpstream("a streamed tool call's id or name is not a string")
+            if not isinstance(arguments, str | None):
+                raise MalformedUpstream("a streamed tool call's arguments are not a string")
+            if index == len(self._calls):
+                self._calls.append({"id": None, "name": None, "arguments": []})
+            call = self._calls[index]
+            call["id"] = call["id"] or delta.get("id")
+            call["name"] = call["name"] or name
+            if arguments:
+                call["arguments"].append(arguments)
+
+    def response(self) -> dict[str, Any]:
+        """The whole completion; ``MalformedUpstream`` if the stream did not finish it."""
+        if self._choice["finish_reason"] is None:
+            raise MalformedUpstream("the stream ended without a finish_reason")
+        if self._logprobs is not None and self._unlogged:
+            raise MalformedUpstream(f"{self._unlogged} streamed ids came without their logprobs")
+        completion = (self._usage or {}).get("completion_tokens") if isinstance(self._usage, dict) else None
+        if self._ids is not None and type(completion) is int and completion != len(self._ids):
+            raise MalformedUpstream(f"the stream carried {len(self._ids)} ids where usage counts {completion}")
+        message: dict[str, Any] = {"role": "assistant"}
+        for key, parts in self._texts.items():
+            message[key] = "".join(parts)
+        message.setdefault("content", None)
+        if self._calls:
+            message["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": "".join(call["arguments"])},
+                }
+                for call in self._calls
+            ]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None if self._logprobs is None else {"content": self._logprobs},
+            **self._choice,
+        }
+        if self._ids is not None:
+            choice["token_ids"] = self._ids
+        return {**self.head, "object": "chat.completion", "choices": [choice], "usage": self._usage}
 
 
 _STRING_FIELDS = frozenset({"content", "reasoning_content", "reasoning"})
@@ -246,6 +412,69 @@ class EngineClient:
         """
         return await self._post("/v1/chat/completions", body if isinstance(body, bytes) else dumps_bounded(body))
 
+    async def chat_stream(self, body: dict[str, Any] | bytes) -> AsyncIterator[dict[str, Any]]:
+        """One streamed chat completion: yields each SSE ``data`` chunk as a JSON object, in order, and ends
+        after ``data: [DONE]``.
+
+        ``body`` is as for ``chat`` and asks for the stream. Failures are retried as ``chat`` retries them, but
+        only until the first chunk arrived. The whole stream has one budget, ``timeout_s`` (504 when it runs
+        out). An error event is an ``UpstreamError`` (502); a chunk that is not a JSON object, or a stream that
+        ends without ``[DONE]``, is ``MalformedUpstream``. Close it (``contextlib.aclosing``) so an abandoned
+        stream drops its engine connection at once.
+        """
+        payload = body if isinstance(body, bytes) else dumps_bounded(body)
+        url = self.base_url + "/v1/chat/completions"
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        attempt = 0
+        self._in_flight += 1
+        try:
+            while True:
+                received = False
+                retry: str | None = None
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        response = await self._http().post(url, data=payload, headers=self._headers)
+                    async with response:
+                        if response.status != 200:
+                            async with asyncio.timeout_at(deadline):
+                                data = await response.read()
+                            failure = _retryable_failure(response.status, data)
+                            retry = response.headers.get("Retry-After")
+                        else:
+                            async for data in _sse_data(response.content, deadline):
+                                if data == b"[DONE]":
+                                    return
+                                received = True
+                                yield _stream_chunk(data)
+                            raise MalformedUpstream("the stream ended before data: [DONE]")
+                except TimeoutError:  # the budget is spent: never retried
+                    raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                    if received:
+                        raise UpstreamError(502, f"engine stream broke ({exc})") from None
+                    failure = UpstreamError(502, f"engine unreachable ({exc})")
+                await asyncio.sleep(self._retry_wait(failure, attempt, retry, deadline))
+                attempt += 1
+        finally:
+            self._in_flight -= 1
+            if self._retired and not self._in_flight:
+                await self.close()
+
+    def _retry_wait(self, failure: UpstreamError, attempt: int, retry_after: str | None, deadline: float) -> float:
+        """The wait before retrying a call whose attempt ``attempt`` failed with ``failure``; raises ``failure``
+        when no retry is made (not retryable, retries used up, or the wait would outlast the budget)."""
+        if attempt >= self.retries:
+            raise failure
+        delay = self.backoff_s * (2**attempt)
+        if retry_after is not None:
+            with contextlib.suppress(ValueError):
+                delay = min(max(float(retry_after), 0.0), self.max_retry_after_s)
+        if asyncio.get_running_loop().time() + delay >= deadline:
+            failure.args = (f"{failure} (not retried: the call's {self.timeout_s:g} s budget ends first)",)
+            raise failure
+        self.counters.retries += 1
+        return delay
+
     async def get_json(self, path: str) -> dict[str, Any]:
         """GET a JSON object route (``/v1/models``, ``/health``) within ``timeout_s``; any failure is an
         ``UpstreamError`` (502)."""
@@ -277,7 +506,7 @@ class EngineClient:
         self._in_flight += 1
         try:
             while True:
-                delay = self.backoff_s * (2**attempt)
+                retry: str | None = None
                 try:
                     async with asyncio.timeout_at(deadline):
                         async with self._http().post(url, data=payload, headers=self._headers) as resp:
@@ -297,25 +526,62 @@ class EngineClient:
                         if not isinstance(parsed, dict):
                             raise MalformedUpstream("response is not a JSON object")
                         return parsed
-                    message = _error_message(data) or f"engine answered HTTP {status}"
-                    failure = UpstreamError(status if 400 <= status < 500 else 502, message)
-                    if status not in RETRYABLE_STATUS:
-                        raise failure
-                    if retry_after is not None:
-                        with contextlib.suppress(ValueError):
-                            delay = min(max(float(retry_after), 0.0), self.max_retry_after_s)
-                if attempt >= self.retries:
-                    raise failure
-                if loop.time() + delay >= deadline:
-                    failure.args = (f"{failure} (not retried: the call's {self.timeout_s:g} s budget ends first)",)
-                    raise failure
+                    failure = _retryable_failure(status, data)
+                    retry = retry_after
+                await asyncio.sleep(self._retry_wait(failure, attempt, retry, deadline))
                 attempt += 1
-                self.counters.retries += 1
-                await asyncio.sleep(delay)
         finally:
             self._in_flight -= 1
             if self._retired and not self._in_flight:
                 await self.close()
+
+
+def _retryable_failure(status: int, data: bytes) -> UpstreamError:
+    """The failure of an engine's non-200 answer (its status for a 4xx, the request's fault; else 502), raised
+    at once unless the status is retryable."""
+    message = _error_message(data) or f"engine answered HTTP {status}"
+    failure = UpstreamError(status if 400 <= status < 500 else 502, message)
+    if status not in RETRYABLE_STATUS:
+        raise failure
+    return failure
+
+
+async def _sse_data(content: aiohttp.StreamReader, deadline: float) -> AsyncIterator[bytes]:
+    """The ``data`` of each SSE event of ``content`` (its data lines joined by newlines), each read bounded by
+    ``deadline``; other fields and comments are skipped. Lines may be of any length (a prompt's ids)."""
+    buffer = bytearray()
+    data: list[bytes] = []
+    while True:
+        async with asyncio.timeout_at(deadline):
+            piece = await content.readany()
+        if not piece:
+            return
+        buffer += piece
+        if b"\n" not in piece:
+            continue
+        *lines, rest = buffer.split(b"\n")
+        buffer = rest
+        for line in lines:
+            line = line.removesuffix(b"\r")
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                data.append(bytes(line[5:].removeprefix(b" ")))
+
+
+def _stream_chunk(data: bytes) -> dict[str, Any]:
+    """One stream chunk parsed; an error event is an ``UpstreamError``, anything but a JSON object is malformed."""
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedUpstream(f"invalid JSON in a stream chunk ({exc})") from None
+    if not isinstance(chunk, dict):
+        raise MalformedUpstream("a stream chunk is not a JSON object")
+    if "error" in chunk or chunk.get("object") == "error":
+        raise UpstreamError(502, f"engine stream failed: {_error_message(data) or 'error event'}")
+    return chunk
 
 
 def _error_message(data: bytes) -> str | None:

@@ -1,7 +1,7 @@
 """The sampling policy a session pins, and the engine request it produces.
 
-Contract: ``engine_request(chat, model=, policy=, max_output_tokens=)`` turns a dialect-neutral chat request
-into the exact body sent upstream. For training sessions the sampled
+Contract: ``engine_request(chat, model=, policy=, max_output_tokens=, stream=)`` turns a dialect-neutral chat
+request into the exact body sent upstream. For training sessions the sampled
 distribution is the policy's, whatever the agent asked: temperature pinned,
 full vocabulary (``top_p=1, top_k=-1, min_p=0``), no penalties; fields that
 would change the distribution in ways the loss can't see are refused with
@@ -86,10 +86,12 @@ def engine_request(
     model: str,
     policy: SamplingPolicy | None,
     max_output_tokens: int | None,
+    stream: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build the upstream chat-completions body from a dialect-neutral ``chat``.
 
-    ``policy`` None means eval: the agent's sampling passes through.
+    ``policy`` None means eval: the agent's sampling passes through. ``stream`` asks for vLLM's stream (ids
+    and logprobs per chunk, a usage chunk at the end) instead of one reply.
     Returns ``(body, requested_sampling)`` where the second records what the
     agent asked for, for the trace's metadata.
     """
@@ -128,7 +130,9 @@ def engine_request(
         asked = max_output_tokens if asked is None else min(asked, max_output_tokens)
     if asked is not None:
         body["max_tokens"] = asked
-    body.update({"stream": False, "logprobs": True, "top_logprobs": 0, "return_token_ids": True})
+    body.update({"stream": stream, "logprobs": True, "top_logprobs": 0, "return_token_ids": True})
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     return body, requested
 
 

@@ -12,12 +12,16 @@ One model call: authenticate, decode the body (``Content-Encoding`` identity,
 gzip, deflate, or br when ``brotli`` is installed), translate (dialect), apply
 the session's sampling policy, serialise the engine request with the nesting
 bound (``proxy.json_depth``: a body that nests deeper is a 400 and is never
-stored), call the engine once non-streaming (retrying transient failures),
-extract and check the exact capture, render the whole reply in the agent's
-dialect, record the turn (journal, then graph), and only then send the reply,
-as JSON or as SSE replayed with keepalives while the engine works.
+stored), call the engine once (retrying transient failures before it answered),
+extract and check the exact capture, render the reply in the agent's dialect,
+record the turn (journal, then graph), and only then send the reply. A JSON
+reply comes from one non-streaming engine call. A streamed one comes from the
+engine's stream: its text goes to the agent as the engine samples it (keepalives
+fill silences), and the last frames (tool calls, stop reason, the end of the
+stream) are sent once the completed stream's turn is recorded.
 
-Invariant: a turn is in the trace if and only if the agent was sent its reply.
+Invariant: a turn is in the trace if and only if the agent was sent its reply
+(for a stream, the whole of it; text it read of a failed stream is no reply).
 A reply that can't be rendered, a turn the journal can't write (a full disk)
 and a session deleted during the call record nothing and answer an error. A
 client that disconnects cancels the engine call and nothing is recorded; an
@@ -35,8 +39,8 @@ import secrets
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from contextlib import suppress
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -47,13 +51,14 @@ import orjson
 from aiohttp import web
 
 from proxy.dialects import COUNT_TOKENS_ROUTE, ROUTES, anthropic_messages, openai_chat
-from proxy.dialects.base import ChatRequest, DialectError
+from proxy.dialects.base import ChatRequest, DialectError, StreamRenderer
 from proxy.engine_client import (
     Capture,
     EngineClient,
     EngineCounters,
     EngineTier,
     MalformedUpstream,
+    StreamAssembler,
     UpstreamError,
     engine_base_url,
     extract_capture,
@@ -401,6 +406,7 @@ class CaptureProxy:
                 model=session.model,
                 policy=session.policy,
                 max_output_tokens=session.config.max_output_tokens,
+                stream=chat.stream,
             )
             payload = dumps_bounded(upstream_body)  # the engine request's one serialisation, nesting bounded
         except _BodyError as exc:
@@ -432,23 +438,29 @@ class CaptureProxy:
         upstream_body: dict[str, Any],
         requested: dict[str, Any],
     ) -> web.StreamResponse:
-        """Call the engine, render the reply, record the turn, send the reply: recorded iff replied."""
+        """Call the engine, render the reply, record the turn, send the reply: recorded iff replied.
+
+        A streamed call passes the reply's text on as the engine samples it; its last frames (tool calls, stop
+        reason, the end of the stream) are sent only once the turn is recorded.
+        """
         started = time.perf_counter()
         client = self._client(session.config.llm_url)
-        stream = keepalive = None
-        if chat.stream:  # headers now, keepalives while the engine works
-            stream = await _open_stream(request)
-            keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
+        stream = None
         try:
-            try:
+            if chat.stream:
+                stream = await _open_stream(request)
+                renderer = dialect.stream_renderer(chat)
+                engine = await self._relay(stream, dialect, renderer, client, payload)
+            else:
                 engine = await client.chat(payload)
-            finally:
-                if keepalive is not None:  # it can't write again: it raises CancelledError where it waits
-                    keepalive.cancel()
             # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
             # a recorded one is handed to the transport.
             capture = extract_capture(engine)
-            reply = _render(dialect, chat, engine)
+            if stream is None:
+                reply = _render(dialect, chat, engine)
+            else:
+                with _rendering(dialect):
+                    reply = b"".join(renderer.finish(engine))
             if self.sessions.get(session.id) is not session:
                 raise _CallFailed(404, "the session was deleted during the call; nothing was recorded", None)
             self._record(session, chat, capture, engine, upstream_body, requested, request)
@@ -465,6 +477,33 @@ class CaptureProxy:
             return stream
         self.metrics.observe_call(time.perf_counter() - started)
         return await _send(stream, reply)
+
+    async def _relay(
+        self,
+        stream: web.StreamResponse,
+        dialect: ModuleType,
+        renderer: StreamRenderer,
+        client: EngineClient,
+        payload: bytes,
+    ) -> dict[str, Any]:
+        """Stream the engine's reply to the agent as it is sampled: the renderer's start frames on the first
+        chunk, then each text delta; keepalives while the engine is silent. Returns the assembled completion."""
+        assembler = StreamAssembler()
+        keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
+        try:
+            async with aclosing(client.chat_stream(payload)) as chunks:
+                async for chunk in chunks:
+                    started = bool(assembler.head)
+                    deltas = assembler.add(chunk)
+                    with _rendering(dialect):
+                        frames = [] if started else renderer.start(assembler.head)
+                        if deltas:
+                            frames += renderer.delta(deltas)
+                    if frames:
+                        await stream.write(b"".join(frames))
+        finally:  # it can't write again: it raises CancelledError where it waits
+            keepalive.cancel()
+        return assembler.response()
 
     async def _keepalive(self, response: web.StreamResponse, frame: bytes) -> None:
         """Write ``frame`` every ``keepalive_s`` until cancelled or the client is gone."""
@@ -549,15 +588,21 @@ def _dialect_for(path: str) -> ModuleType:
 
 
 def _render(dialect: ModuleType, chat: ChatRequest, engine: dict[str, Any]) -> bytes:
-    """The whole reply, JSON or every SSE frame, before anything is recorded or sent.
-
-    The engine reply was checked (``extract_capture``) and the request validated, so a failure here is
-    either an engine reply the checks let through (502) or a bug (500, logged); either way nothing is recorded.
-    """
-    try:
+    """The whole reply, JSON or every SSE frame, before anything is recorded or sent."""
+    with _rendering(dialect):
         if chat.stream:
             return b"".join(dialect.render_stream(engine, chat))
         return orjson.dumps(dialect.render_response(engine, chat))
+
+
+@contextmanager
+def _rendering(dialect: ModuleType) -> Iterator[None]:
+    """Rendering a reply: a failure is an engine reply the checks let through (502) or a bug (500, logged).
+
+    The engine's chunks or reply were checked and the request validated; either way nothing is recorded.
+    """
+    try:
+        yield
     except orjson.JSONEncodeError as exc:
         raise MalformedUpstream(f"the reply could not be rendered: {exc}") from None
     except Exception as exc:

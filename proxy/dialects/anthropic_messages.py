@@ -46,9 +46,11 @@ import orjson
 from proxy.dialects.base import (
     ChatRequest,
     DialectError,
+    StreamRenderer,
     chunks,
     drop_empty_tools,
     engine_choice,
+    engine_prompt_tokens,
     engine_reasoning,
     engine_text,
     engine_tool_calls,
@@ -63,6 +65,7 @@ from proxy.dialects.base import (
     one_of,
     optional_bool,
     parse_arguments,
+    replay,
     sse_frame,
     status_error_type,
 )
@@ -335,31 +338,82 @@ def render_response(engine: dict[str, Any], request: ChatRequest) -> dict[str, A
     }
 
 
+def stream_renderer(request: ChatRequest) -> StreamRenderer:
+    """Messages SSE events as the engine samples, ``message_start`` to ``message_stop``."""
+    return _EventStream(request)
+
+
 def render_stream(engine: dict[str, Any], request: ChatRequest) -> list[bytes]:
-    """The message replayed as Messages SSE events, ``message_start`` to ``message_stop``."""
-    final = render_response(engine, request)
-    usage = final["usage"]
-    start = {**final, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 0}}
-    frames = [_event("message_start", message=start)]
-    for index, block in enumerate(final["content"]):
-        kind = block["type"]
-        if kind == "text":
-            opened = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": p} for p in chunks(block["text"])]
-        elif kind == "thinking":
-            opened = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [{"type": "thinking_delta", "thinking": p} for p in chunks(block["thinking"])]
-        else:
+    """The message as Messages SSE events, ``message_start`` to ``message_stop``."""
+    return replay(_EventStream(request), engine)
+
+
+class _EventStream:
+    """The events of one message. Thinking and text stream into their blocks as they arrive (thinking first);
+    ``finish`` closes the open block and sends every ``tool_use`` block whole."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.opened = 0  # content blocks opened by deltas
+        self.open: str | None = None  # the type of the block still open
+
+    def start(self, head: dict[str, Any]) -> list[bytes]:
+        usage = {
+            "input_tokens": engine_prompt_tokens(head),
+            "output_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+        message = {
+            "id": f"msg_{id_suffix(head)}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.request.model or head.get("model", ""),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        return [_event("message_start", message=message)]
+
+    def delta(self, fields: dict[str, str]) -> list[bytes]:
+        frames = []
+        for key, text in fields.items():
+            kind = "text" if key == "content" else "thinking"
+            if self.open != kind:
+                if self.open is not None:
+                    frames.append(_event("content_block_stop", index=self.opened - 1))
+                opened = {"type": "text", "text": ""} if kind == "text" else _THINKING_OPENED
+                frames.append(_event("content_block_start", index=self.opened, content_block=opened))
+                self.open = kind
+                self.opened += 1
+            deltas = (
+                {"type": "text_delta", "text": p} if kind == "text" else {"type": "thinking_delta", "thinking": p}
+                for p in chunks(text)
+            )
+            frames.extend(_event("content_block_delta", index=self.opened - 1, delta=delta) for delta in deltas)
+        return frames
+
+    def finish(self, engine: dict[str, Any]) -> list[bytes]:
+        final = render_response(engine, self.request)
+        frames = [] if self.open is None else [_event("content_block_stop", index=self.opened - 1)]
+        for index in range(self.opened, len(final["content"])):
+            block = final["content"][index]
             opened = {**block, "input": {}}
             text = orjson.dumps(block["input"]).decode()
-            deltas = [{"type": "input_json_delta", "partial_json": p} for p in chunks(text)]
-        frames.append(_event("content_block_start", index=index, content_block=opened))
-        frames.extend(_event("content_block_delta", index=index, delta=delta) for delta in deltas)
-        frames.append(_event("content_block_stop", index=index))
-    delta = {"stop_reason": final["stop_reason"], "stop_sequence": final["stop_sequence"]}
-    frames.append(_event("message_delta", delta=delta, usage=usage))
-    frames.append(_event("message_stop"))
-    return frames
+            frames.append(_event("content_block_start", index=index, content_block=opened))
+            frames.extend(
+                _event("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": p})
+                for p in chunks(text)
+            )
+            frames.append(_event("content_block_stop", index=index))
+        delta = {"stop_reason": final["stop_reason"], "stop_sequence": final["stop_sequence"]}
+        frames.append(_event("message_delta", delta=delta, usage=final["usage"]))
+        frames.append(_event("message_stop"))
+        return frames
+
+
+_THINKING_OPENED = {"type": "thinking", "thinking": "", "signature": ""}
 
 
 def _event(kind: str, **fields: Any) -> bytes:

@@ -13,9 +13,17 @@ chat-completions contract and back. Each module exposes, at module level:
     400) for a body the dialect rejects; never returns a partial translation.
 ``render_response(engine: dict, request: ChatRequest) -> dict``
     The agent's JSON reply built from one complete engine chat completion.
+``stream_renderer(request: ChatRequest) -> StreamRenderer``
+    The reply as SSE frames while the engine samples it: ``start(head)`` once the
+    engine's first chunk is in (``head``: ``id``, ``created``, ``model``, optional
+    ``prompt_token_ids``), ``delta(fields)`` per text delta (``{field: text}``, field one
+    of ``TEXT_FIELDS``, reasoning before text), ``finish(engine)`` with the complete,
+    checked completion: every frame not sent yet (tool calls whole, stop reason,
+    usage, the terminal frames). The frames accumulate to ``render_response``'s reply
+    exactly, however the text was cut into deltas.
 ``render_stream(engine: dict, request: ChatRequest) -> list[bytes]``
-    The same reply as SSE frames, in order; the text and tool arguments the
-    deltas accumulate to equal ``render_response``'s exactly.
+    The same reply as SSE frames from a complete completion (``replay``: one delta
+    per text field).
 ``render_error(status, message, type=None, *, code=None, param=None) -> dict``
     The dialect's error body for an HTTP error reply.
 ``render_stream_error(status, message, type=None, *, code=None, param=None, request=None) -> bytes``
@@ -101,6 +109,8 @@ class Dialect(Protocol):
 
     def render_response(self, engine: dict[str, Any], request: ChatRequest) -> dict[str, Any]: ...
 
+    def stream_renderer(self, request: ChatRequest) -> StreamRenderer: ...
+
     def render_stream(self, engine: dict[str, Any], request: ChatRequest) -> list[bytes]: ...
 
     def render_error(
@@ -117,6 +127,31 @@ class Dialect(Protocol):
         param: str | None = None,
         request: ChatRequest | None = None,
     ) -> bytes: ...
+
+
+class StreamRenderer(Protocol):
+    """One reply's SSE frames, rendered as the engine samples it (see the module docstring)."""
+
+    def start(self, head: dict[str, Any]) -> list[bytes]: ...
+
+    def delta(self, fields: dict[str, str]) -> list[bytes]: ...
+
+    def finish(self, engine: dict[str, Any]) -> list[bytes]: ...
+
+
+TEXT_FIELDS = ("reasoning_content", "reasoning", "content")
+"""The message fields a stream delta carries text in, in the order a reply has them."""
+
+
+def replay(renderer: StreamRenderer, engine: dict[str, Any]) -> list[bytes]:
+    """A complete completion through ``renderer``: the start, one delta per text field, the finish."""
+    message = engine_message(engine)
+    frames = renderer.start(engine)
+    reasoning = "reasoning_content" if message.get("reasoning_content") else "reasoning"
+    for key in (reasoning, "content"):
+        if message.get(key):
+            frames += renderer.delta({key: message[key]})
+    return frames + renderer.finish(engine)
 
 
 # --- SSE -------------------------------------------------------------------------------------------------------------
@@ -177,12 +212,16 @@ def engine_tool_calls(engine: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def engine_prompt_tokens(engine: dict[str, Any]) -> int:
+    """``usage.prompt_tokens``, else the number of prompt ids (a stream's head has no usage yet)."""
+    prompt = (engine.get("usage") or {}).get("prompt_tokens")
+    return len(engine.get("prompt_token_ids") or ()) if prompt is None else prompt
+
+
 def engine_usage(engine: dict[str, Any]) -> tuple[int, int, int]:
     """``(prompt_tokens, completion_tokens, cached_prompt_tokens)``; counts ids when ``usage`` is missing."""
     usage = engine.get("usage") or {}
-    prompt = usage.get("prompt_tokens")
-    if prompt is None:
-        prompt = len(engine.get("prompt_token_ids") or ())
+    prompt = engine_prompt_tokens(engine)
     completion = usage.get("completion_tokens")
     if completion is None:
         completion = len(engine_choice(engine).get("token_ids") or ())

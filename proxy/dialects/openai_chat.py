@@ -14,10 +14,11 @@ The engine speaks this dialect, so translation is pass-through with normalisatio
   messages' other fields (``tool_calls``, ``tool_call_id``, ``name``, ...) for the engine
   to validate: its 4xx reaches the agent as the request's error.
 
-A stream replays the reply as ``chat.completion.chunk`` frames: a role chunk,
-reasoning and text deltas, per tool call one header chunk (id, name) followed by
-argument deltas, a finish chunk (carrying ``logprobs``/``token_ids`` when asked
-for), a usage chunk when ``stream_options.include_usage`` is set, then ``[DONE]``.
+A stream is ``chat.completion.chunk`` frames: a role chunk (with ``prompt_token_ids``
+when asked for), reasoning and text deltas as the engine samples them, then, once the
+engine is done, per tool call one header chunk (id, name) followed by argument
+deltas, a finish chunk (carrying ``logprobs``/``token_ids`` when asked for), a usage
+chunk when ``stream_options.include_usage`` is set, and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from proxy.dialects.base import (
     SSE_DONE,
     ChatRequest,
     DialectError,
+    StreamRenderer,
     chunks,
     drop_empty_tools,
     engine_choice,
     engine_created,
-    engine_message,
     engine_tool_calls,
     engine_usage,
     expect,
@@ -43,6 +44,7 @@ from proxy.dialects.base import (
     model_name,
     one_of,
     optional_bool,
+    replay,
     sse_frame,
     status_error_type,
 )
@@ -136,57 +138,76 @@ def _choice(choice: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
     return out
 
 
+def stream_renderer(request: ChatRequest) -> StreamRenderer:
+    """``chat.completion.chunk`` SSE frames as the engine samples (see the module docstring)."""
+    return _ChunkStream(request)
+
+
 def render_stream(engine: dict[str, Any], request: ChatRequest) -> list[bytes]:
-    """The completion replayed as ``chat.completion.chunk`` SSE frames ending in ``data: [DONE]``."""
-    choice = engine_choice(engine)
-    message = engine_message(engine)
-    head: dict[str, Any] = {
-        "id": engine.get("id") or f"chatcmpl-{id_suffix(engine)}",
-        "object": "chat.completion.chunk",
-        "created": engine_created(engine),
-        "model": request.model or engine.get("model", ""),
-    }
-    if engine.get("system_fingerprint"):
-        head["system_fingerprint"] = engine["system_fingerprint"]
-    tail = {"usage": None} if request.include_usage else {}
+    """The completion as ``chat.completion.chunk`` SSE frames ending in ``data: [DONE]``."""
+    return replay(_ChunkStream(request), engine)
 
-    def chunk(delta: dict[str, Any], **choice_fields: Any) -> dict[str, Any]:
+
+class _ChunkStream:
+    """The chunks of one reply: ``id``, ``created`` and ``model`` come from the engine's head."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.head: dict[str, Any] = {}
+        self.tail = {"usage": None} if request.include_usage else {}
+
+    def _chunk(self, delta: dict[str, Any], **choice_fields: Any) -> dict[str, Any]:
         fields = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, **choice_fields}
-        return {**head, "choices": [fields], **tail}
+        return {**self.head, "choices": [fields], **self.tail}
 
-    def frame(delta: dict[str, Any], **choice_fields: Any) -> bytes:
-        return sse_frame(chunk(delta, **choice_fields))
+    def _frame(self, delta: dict[str, Any], **choice_fields: Any) -> bytes:
+        return sse_frame(self._chunk(delta, **choice_fields))
 
-    first = chunk({"role": "assistant", "content": ""})
-    if request.return_token_ids and "prompt_token_ids" in engine:
-        first["prompt_token_ids"] = engine["prompt_token_ids"]
-    frames = [sse_frame(first)]
-    for key in ("reasoning_content", "reasoning"):
-        frames.extend(frame({key: piece}) for piece in chunks(message.get(key) or ""))
-    frames.extend(frame({"content": piece}) for piece in chunks(message.get("content") or ""))
-    for index, call in enumerate(engine_tool_calls(engine)):
-        function = {"name": call["name"], "arguments": ""}
-        frames.append(
-            frame({"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": function}]})
-        )
-        frames.extend(
-            frame({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
-            for piece in chunks(call["arguments"])
-        )
-    finish: dict[str, Any] = {"finish_reason": choice.get("finish_reason")}
-    if request.return_logprobs:
-        finish["logprobs"] = choice.get("logprobs")
-    if request.return_token_ids and "token_ids" in choice:
-        finish["token_ids"] = choice["token_ids"]
-    frames.append(frame({}, **finish))
-    if request.include_usage:
-        usage = engine.get("usage")
-        if usage is None:
-            prompt, completion, _ = engine_usage(engine)
-            usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        frames.append(sse_frame({**head, "choices": [], "usage": usage}))
-    frames.append(SSE_DONE)
-    return frames
+    def start(self, head: dict[str, Any]) -> list[bytes]:
+        self.head = {
+            "id": head.get("id") or f"chatcmpl-{id_suffix(head)}",
+            "object": "chat.completion.chunk",
+            "created": engine_created(head),
+            "model": self.request.model or head.get("model", ""),
+        }
+        if head.get("system_fingerprint"):
+            self.head["system_fingerprint"] = head["system_fingerprint"]
+        first = self._chunk({"role": "assistant", "content": ""})
+        if self.request.return_token_ids and "prompt_token_ids" in head:
+            first["prompt_token_ids"] = head["prompt_token_ids"]
+        return [sse_frame(first)]
+
+    def delta(self, fields: dict[str, str]) -> list[bytes]:
+        return [self._frame({key: piece}) for key, text in fields.items() for piece in chunks(text)]
+
+    def finish(self, engine: dict[str, Any]) -> list[bytes]:
+        choice = engine_choice(engine)
+        frames = []
+        for index, call in enumerate(engine_tool_calls(engine)):
+            function = {"name": call["name"], "arguments": ""}
+            frames.append(
+                self._frame(
+                    {"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": function}]}
+                )
+            )
+            frames.extend(
+                self._frame({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                for piece in chunks(call["arguments"])
+            )
+        finish: dict[str, Any] = {"finish_reason": choice.get("finish_reason")}
+        if self.request.return_logprobs:
+            finish["logprobs"] = choice.get("logprobs")
+        if self.request.return_token_ids and "token_ids" in choice:
+            finish["token_ids"] = choice["token_ids"]
+        frames.append(self._frame({}, **finish))
+        if self.request.include_usage:
+            usage = engine.get("usage")
+            if usage is None:
+                prompt, completion, _ = engine_usage(engine)
+                usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+            frames.append(sse_frame({**self.head, "choices": [], "usage": usage}))
+        frames.append(SSE_DONE)
+        return frames
 
 
 def render_error(

@@ -55,6 +55,7 @@ from proxy.dialects.base import (
     SSE_COMMENT_KEEPALIVE,
     ChatRequest,
     DialectError,
+    StreamRenderer,
     chunks,
     drop_empty_tools,
     engine_choice,
@@ -73,6 +74,7 @@ from proxy.dialects.base import (
     model_name,
     optional_bool,
     parse_arguments,
+    replay,
     sse_frame,
 )
 
@@ -461,35 +463,123 @@ def render_response(engine: dict[str, Any], request: ChatRequest) -> dict[str, A
     return _response(engine, request, status, _output_items(engine, request, status), usage)
 
 
+def stream_renderer(request: ChatRequest) -> StreamRenderer:
+    """Responses SSE events as the engine samples, ``response.created`` to ``response.completed``."""
+    return _EventStream(request)
+
+
 def render_stream(engine: dict[str, Any], request: ChatRequest) -> list[bytes]:
-    """The response replayed as Responses SSE events, ``response.created`` to ``response.completed``."""
-    sequence = itertools.count()
-
-    def event(kind: str, **fields: Any) -> bytes:
-        return sse_frame({"type": kind, "sequence_number": next(sequence), **fields}, kind)
-
-    final = render_response(engine, request)
-    started = _response(engine, request, "in_progress", [], None)
-    frames = [event("response.created", response=started), event("response.in_progress", response=started)]
-    for index, item in enumerate(final["output"]):
-        frames.extend(_ITEM_EVENTS[item["type"]](event, index, item))
-    done = "response.completed" if final["status"] == "completed" else "response.incomplete"
-    frames.append(event(done, response=final))
-    return frames
+    """The response as Responses SSE events, ``response.created`` to ``response.completed``."""
+    return replay(_EventStream(request), engine)
 
 
 _Event = Callable[..., bytes]
 
 
-def _message_events(event: _Event, index: int, item: dict[str, Any]) -> list[bytes]:
-    part = item["content"][0]
+class _EventStream:
+    """The events of one response. Reasoning and text stream into their items as they arrive (a reasoning item
+    first, then the message item); ``finish`` closes the open item and sends every other item whole."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self.sequence = itertools.count()
+        self.suffix = ""
+        self.opened = 0  # output items opened by deltas
+        self.open: str | None = None  # the type of the item still open
+        self.reasoning: list[str] = []
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        return sse_frame({"type": kind, "sequence_number": next(self.sequence), **fields}, kind)
+
+    def start(self, head: dict[str, Any]) -> list[bytes]:
+        self.suffix = id_suffix(head)
+        started = _response(head, self.request, "in_progress", [], None)
+        return [self.event("response.created", response=started), self.event("response.in_progress", response=started)]
+
+    def delta(self, fields: dict[str, str]) -> list[bytes]:
+        frames = []
+        for key, text in fields.items():
+            kind = "message" if key == "content" else "reasoning"
+            if self.open != kind:
+                frames += self._open(kind)
+            where = {"item_id": self._item_id(kind), "output_index": self.opened - 1, "content_index": 0}
+            if kind == "message":
+                frames += (
+                    self.event("response.output_text.delta", **where, delta=p, logprobs=[]) for p in chunks(text)
+                )
+            else:
+                self.reasoning.append(text)
+                frames += (self.event("response.reasoning_text.delta", **where, delta=p) for p in chunks(text))
+        return frames
+
+    def _item_id(self, kind: str) -> str:
+        return f"{'msg' if kind == 'message' else 'rs'}_{self.suffix}"
+
+    def _open(self, kind: str) -> list[bytes]:
+        """Open the item of ``kind``, closing the reasoning item if it was open (reasoning never follows text)."""
+        frames = []
+        if self.open == "reasoning":
+            content = [{"type": "reasoning_text", "text": "".join(self.reasoning)}]
+            item = {"type": "reasoning", "id": self._item_id("reasoning"), "summary": [], "content": content}
+            frames = _reasoning_close(self.event, self.opened - 1, item)
+        self.open = kind
+        self.opened += 1
+        if kind == "message":
+            item = {"type": "message", "id": self._item_id(kind), "status": "in_progress", "role": "assistant"}
+            part = {"type": "output_text", "text": "", "annotations": []}
+            return frames + _message_open(self.event, self.opened - 1, {**item, "content": [part]})
+        item = {"type": "reasoning", "id": self._item_id(kind), "summary": [], "content": []}
+        return frames + _reasoning_open(self.event, self.opened - 1, item)
+
+    def finish(self, engine: dict[str, Any]) -> list[bytes]:
+        final = render_response(engine, self.request)
+        items = final["output"]
+        frames = []
+        if self.open is not None:
+            close = _message_close if self.open == "message" else _reasoning_close
+            frames += close(self.event, self.opened - 1, items[self.opened - 1])
+        for index in range(self.opened, len(items)):
+            frames += _ITEM_EVENTS[items[index]["type"]](self.event, index, items[index])
+        done = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return [*frames, self.event(done, response=final)]
+
+
+def _message_open(event: _Event, index: int, item: dict[str, Any]) -> list[bytes]:
     where = {"item_id": item["id"], "output_index": index, "content_index": 0}
     return [
         event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []}),
-        event("response.content_part.added", **where, part={**part, "text": ""}),
-        *(event("response.output_text.delta", **where, delta=piece, logprobs=[]) for piece in chunks(part["text"])),
+        event("response.content_part.added", **where, part={**item["content"][0], "text": ""}),
+    ]
+
+
+def _message_close(event: _Event, index: int, item: dict[str, Any]) -> list[bytes]:
+    part = item["content"][0]
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    return [
         event("response.output_text.done", **where, text=part["text"], logprobs=[]),
         event("response.content_part.done", **where, part=part),
+        event("response.output_item.done", output_index=index, item=item),
+    ]
+
+
+def _message_events(event: _Event, index: int, item: dict[str, Any]) -> list[bytes]:
+    text = item["content"][0]["text"]
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    return [
+        *_message_open(event, index, item),
+        *(event("response.output_text.delta", **where, delta=piece, logprobs=[]) for piece in chunks(text)),
+        *_message_close(event, index, item),
+    ]
+
+
+def _reasoning_open(event: _Event, index: int, item: dict[str, Any]) -> list[bytes]:
+    return [event("response.output_item.added", output_index=index, item={**item, "content": []})]
+
+
+def _reasoning_close(event: _Event, index: int, item: dict[str, Any]) -> list[bytes]:
+    where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+    return [
+        event("response.reasoning_text.done", **where, text=item["content"][0]["text"]),
         event("response.output_item.done", output_index=index, item=item),
     ]
 
@@ -498,10 +588,9 @@ def _reasoning_events(event: _Event, index: int, item: dict[str, Any]) -> list[b
     text = item["content"][0]["text"]
     where = {"item_id": item["id"], "output_index": index, "content_index": 0}
     return [
-        event("response.output_item.added", output_index=index, item={**item, "content": []}),
+        *_reasoning_open(event, index, item),
         *(event("response.reasoning_text.delta", **where, delta=piece) for piece in chunks(text)),
-        event("response.reasoning_text.done", **where, text=text),
-        event("response.output_item.done", output_index=index, item=item),
+        *_reasoning_close(event, index, item),
     ]
 
 

@@ -51,6 +51,7 @@ from aiohttp import web
 
 from bench.fake_vllm import MODEL, WORDS, FakeVLLM
 from harness_grpo.service_loop import ServiceLoop
+from proxy.engine_client import StreamAssembler
 from proxy.server import CaptureProxy, ProxyConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +164,8 @@ class ServedCall:
 
 
 class RecordingRelay:
-    """A transparent reverse proxy in front of the engine that records every chat completion it served."""
+    """A transparent reverse proxy in front of the engine that records every chat completion it served (a
+    streamed one as the reply it adds up to)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
@@ -199,10 +201,20 @@ class RecordingRelay:
             status, content_type = resp.status, resp.content_type
         if request.method == "POST" and request.path == "/v1/chat/completions":
             if status == 200:
-                self.served.append(ServedCall(orjson.loads(body), orjson.loads(data)))
+                response = _assembled(data) if content_type == "text/event-stream" else orjson.loads(data)
+                self.served.append(ServedCall(orjson.loads(body), response))
             else:
                 self.failed.append((status, data[:2000]))
         return web.Response(body=data, status=status, content_type=content_type)
+
+
+def _assembled(stream: bytes) -> dict[str, Any]:
+    """A streamed completion as the whole reply its chunks add up to."""
+    assembler = StreamAssembler()
+    for event in stream.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            assembler.add(orjson.loads(event[6:]))
+    return assembler.response()
 
 
 # --- engines ------------------------------------------------------------------------------------------------------

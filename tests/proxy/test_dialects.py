@@ -139,7 +139,14 @@ def test_every_dialect_implements_the_interface() -> None:
     for name, module in DIALECTS.items():
         assert name == module.NAME
         assert isinstance(module.KEEPALIVE, bytes)
-        for attr in ("parse_request", "render_response", "render_stream", "render_error", "render_stream_error"):
+        for attr in (
+            "parse_request",
+            "render_response",
+            "stream_renderer",
+            "render_stream",
+            "render_error",
+            "render_stream_error",
+        ):
             expected = inspect.signature(getattr(Dialect, attr))
             expected = expected.replace(parameters=list(expected.parameters.values())[1:])
             assert inspect.signature(getattr(module, attr)) == expected, (name, attr)

@@ -12,7 +12,8 @@ traces and the journals; a normal session is still exact afterwards.
 Three phases: ``PROXY_FUZZ_REQUESTS`` (default 10000) mutated requests of every route, 15% of them
 asking to stream; ``PROXY_FUZZ_STREAMS`` (default 400) streamed model calls with at most one
 mutation; and a few dozen model calls, streamed or not, while the engine fails (malformed 200s,
-4xx, 5xx, cut JSON), whose errors must be in the dialect's shape and record nothing.
+4xx, 5xx, cut JSON; streams cut, broken or failed midway), whose errors must be in the dialect's shape
+and record nothing.
 ``PROXY_FUZZ_SEED`` (default 8) seeds a run.
 """
 
@@ -378,8 +379,9 @@ async def _send(
     return reply
 
 
-def _engine_fault(rng: random.Random) -> tuple:
-    """A fake-engine fault: a 200 whose completion breaks the contract somewhere, or an HTTP failure."""
+def _engine_fault(rng: random.Random, *, stream: bool) -> tuple:
+    """A fake-engine fault: a 200 whose completion breaks the contract somewhere (streamed: as one chunk), an HTTP
+    failure, or, for a stream, a stream that breaks after some chunks (cut, a broken chunk, an error event)."""
 
     def patch(completion: dict[str, Any]) -> Any:
         choice = completion["choices"][0]
@@ -404,7 +406,10 @@ def _engine_fault(rng: random.Random) -> tuple:
             return orjson.dumps(completion).replace(b'"@DEEP@"', b"[" * depth + b"]" * depth)
         return completion
 
-    return rng.choice([("patch", patch)] * 6 + [("status", 400), ("status", 404), ("status", 500), ("truncate",)])
+    faults = [("patch", patch)] * 6 + [("status", 400), ("status", 404), ("status", 500), ("truncate",)]
+    if stream:
+        faults += [(kind, rng.randrange(1, 12)) for kind in ("cut", "bad_chunk", "error_event") for _ in range(2)]
+    return rng.choice(faults)
 
 
 async def _engine_faults(stack: Stack, rng: random.Random, tally: Tally, retired: list[AgentSession]) -> None:
@@ -413,12 +418,12 @@ async def _engine_faults(stack: Stack, rng: random.Random, tally: Tally, retired
     retired.append(session)
     for _ in range(FAULTS):
         route = rng.choice([CHAT, RESPONSES, ANTHROPIC])
-        fault = _engine_fault(rng)
+        stream = rng.random() < 0.5
+        fault = _engine_fault(rng, stream=stream)
         stack.engine.faults = [fault] * (4 if fault[:2] == ("status", 500) else 1)  # a 500 past the retries
-        reply = await _send(
-            stack, tally, session, mutate(rng, route, session.key, stream=rng.random() < 0.5), engine_fails=True
-        )
-        assert reply.status >= 400 or "text/event-stream" in reply.content_type, reply
+        reply = await _send(stack, tally, session, mutate(rng, route, session.key, stream=stream), engine_fails=True)
+        stream_only = fault[0] in ("cut", "bad_chunk", "error_event")  # a mutation may have unset "stream"
+        assert reply.status >= 400 or "text/event-stream" in reply.content_type or stream_only, reply
         stack.engine.faults = []
 
 

@@ -221,14 +221,20 @@ def test_a_malformed_engine_reply_records_nothing(tmp_path: Path, route: str) ->
     run_stack(body, tmp_path)
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("broken_at", ["render_response", "start", "finish"])
 def test_a_reply_that_cannot_be_rendered_records_nothing(
-    tmp_path: Path, stream: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, broken_at: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """As the JSON reply is rendered; as a stream starts (the engine's first chunk); as it finishes."""
+    stream = broken_at != "render_response"
+
     def broken(*args: Any) -> Any:
         raise KeyError("a renderer bug")
 
-    monkeypatch.setattr(openai_responses, "render_stream" if stream else "render_response", broken)
+    if stream:
+        monkeypatch.setattr(openai_responses._EventStream, broken_at, broken)
+    else:
+        monkeypatch.setattr(openai_responses, "render_response", broken)
 
     async def body(stack: Stack) -> None:
         key = await stack.create_session()

@@ -1,5 +1,5 @@
-"""One time budget per engine call (``upstream_timeout_s``): retries of 5xx and connection errors happen
-only inside it, and a timeout is never retried; session creation's probe calls are bounded the same way."""
+"""One time budget per engine call (``upstream_timeout_s``), streamed or not: retries of 5xx and connection errors
+happen only inside it, and a timeout is never retried; session creation's probe calls are bounded the same way."""
 
 from __future__ import annotations
 
@@ -61,6 +61,34 @@ def test_an_engine_call_has_one_time_budget_for_all_its_attempts(tmp_path: Path)
         stack.engine.faults = [("status", 503, 0), ("status", 500, 0), None]  # transient: retried, answered
         status, _, _ = await _timed_chat(stack, key)
         assert status == 200
+        assert len((await stack.trace(key))["turns"]) == 1
+
+    run_stack(body, tmp_path, upstream_timeout_s=BUDGET_S, upstream_retries=20)
+
+
+def test_a_streamed_call_has_one_budget_and_is_retried_only_before_its_first_chunk(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        assert stack.engine is not None
+        key = await stack.create_session()
+        request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        headers = {"Authorization": f"Bearer {key}"}
+
+        async def streamed() -> tuple[bytes, float]:
+            started = time.monotonic()
+            async with stack.http.post(f"{stack.url}/v1/chat/completions", json=request, headers=headers) as resp:
+                return await asyncio.wait_for(resp.read(), 60), time.monotonic() - started
+
+        calls = stack.engine.calls
+        stack.engine.faults = [("pause", 5, asyncio.Event())]  # stalls mid-stream, never resumes
+        raw, elapsed = await streamed()
+        assert b"timed out" in raw.rsplit(b"\n\n", 2)[-2] and elapsed < BUDGET_S + SLACK_S
+        assert stack.engine.calls == calls + 1
+        await until(lambda: stack.engine.cancelled == 1, "the proxy did not drop the stream it gave up on")
+
+        calls = stack.engine.calls
+        stack.engine.faults = [("status", 503, 0), None]  # before the first chunk: retried
+        raw, _ = await streamed()
+        assert raw.endswith(b"data: [DONE]\n\n") and stack.engine.calls == calls + 2
         assert len((await stack.trace(key))["turns"]) == 1
 
     run_stack(body, tmp_path, upstream_timeout_s=BUDGET_S, upstream_retries=20)

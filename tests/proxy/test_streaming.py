@@ -1,0 +1,404 @@
+"""Streamed replies are streamed: the agent reads text while the engine samples it, the turn is recorded only once
+the stream completed, the capture is exactly what the engine streamed, and a stream that fails on the way records
+nothing and ends in the dialect's error event."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.dialects import DIALECTS
+from proxy.dialects.base import StreamRenderer
+from proxy.engine_client import MalformedUpstream, StreamAssembler
+from tests.proxy.proxy_stack import Stack, run_stack
+from tests.proxy.test_dialects import (
+    CLAUDE_CODE_REQUEST,
+    CODEX_REQUEST,
+    ENGINE_REPLIES,
+    OPENCODE_REQUEST,
+    accumulate_anthropic,
+    accumulate_chat,
+    accumulate_responses,
+)
+from tests.proxy.wire import (
+    ANTHROPIC,
+    CHAT,
+    RESPONSES,
+    ROUTES,
+    Reply,
+    agent_headers,
+    parse_sse,
+    post,
+    stream_outcome,
+    valid_body,
+)
+from tests.support.wait import until
+
+TOKENS = 40
+TOKEN_LATENCY_S = 0.05
+
+
+def _text_body(route: str, *, stream: bool, marker: str = "task") -> dict[str, Any]:
+    """A valid body without tools: the fake engine answers it in text."""
+    body = valid_body(route, stream=stream, marker=marker)
+    del body["tools"]
+    return body
+
+
+def _is_text_delta(route: str, event: str | None, data: Any) -> bool:
+    if route == CHAT:
+        return isinstance(data, dict) and any(c["delta"].get("content") for c in data.get("choices") or [])
+    if route == RESPONSES:
+        return event == "response.output_text.delta"
+    return event == "content_block_delta" and data["delta"]["type"] == "text_delta"
+
+
+async def _timed_stream(stack: Stack, route: str, key: str, body: dict[str, Any]) -> tuple[float, float, bytes]:
+    """Seconds to the first text delta and to the end of the stream, and the stream's bytes."""
+    started = time.monotonic()
+    first = None
+    raw = b""
+    async with stack.http.post(stack.url + route, json=body, headers=agent_headers(route, key)) as resp:
+        assert resp.status == 200
+        while line := await resp.content.readline():
+            raw += line
+            if first is None and line == b"\n" and any(_is_text_delta(route, *f) for f in _frames(raw)[-1:]):
+                first = time.monotonic() - started
+    assert first is not None, raw[-500:]
+    return first, time.monotonic() - started, raw
+
+
+def _reply(route: str, frames: list[tuple[str | None, Any]]) -> Any:
+    """What the agent's client makes of a stream: the text and tool calls, as ``_json_reply`` gives them."""
+    if route == CHAT:
+        message = accumulate_chat(frames)["message"]
+        return message["content"], [(c["id"], c["name"], c["arguments"]) for c in message["tool_calls"]]
+    if route == RESPONSES:
+        return accumulate_responses(frames)
+    return accumulate_anthropic(frames)["content"]
+
+
+def _json_reply(route: str, answer: dict[str, Any]) -> Any:
+    if route == CHAT:
+        message = answer["choices"][0]["message"]
+        calls = [
+            (c.get("id"), c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []
+        ]
+        return message["content"] or "", calls
+    if route == RESPONSES:
+        return answer["output"]
+    return answer["content"]
+
+
+def _turn(trace: dict[str, Any]) -> tuple[Any, ...]:
+    [turn] = trace["turns"]
+    return turn["prompt_token_ids"], turn["completion_token_ids"], turn["per_token_logps"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_text_reaches_the_agent_while_the_engine_samples(tmp_path: Path, route: str) -> None:
+    """40+ tokens at 50 ms each: the first text delta arrives after about one token, not after all of them; the
+    recorded turn and the reply equal those of the same completion asked for without streaming."""
+
+    async def body(stack: Stack) -> None:
+        stack.engine.completion_chars = 6 * TOKENS  # about 5.4 characters a word, one id per 4 characters
+        streamed, whole = await stack.create_session(), await stack.create_session()
+        stack.engine.token_latency_s = TOKEN_LATENCY_S
+        first, total, raw = await _timed_stream(stack, route, streamed, _text_body(route, stream=True))
+        assert total > TOKENS * TOKEN_LATENCY_S and first < 0.5, (first, total)  # 50 ms a token, 40 tokens: 2 s
+        frames, error = stream_outcome(route, _raw_reply(raw))
+        assert error is None
+        stack.engine.token_latency_s = 0
+        reply = await post(stack.http, stack.url + route, _text_body(route, stream=False), agent_headers(route, whole))
+        assert reply.status == 200
+        assert _reply(route, frames) == _json_reply(route, reply.json)
+        trace = _turn(await stack.trace(streamed))
+        assert trace == _turn(await stack.trace(whole)) and len(trace[1]) > TOKENS and trace[2] is not None
+
+    run_stack(body, tmp_path)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("tool_ids", [True, False])
+def test_a_streamed_tool_call_is_the_reply_a_whole_one_is(tmp_path: Path, route: str, tool_ids: bool) -> None:
+    """Tool calls come as deltas and reach the agent whole; a call the engine streamed without an id (vLLM
+    #27482) gets the id the proxy mints for a reply without one."""
+
+    async def body(stack: Stack) -> None:
+        streamed, whole = await stack.create_session(), await stack.create_session()
+        stack.engine.faults = [None if tool_ids else ("no_tool_ids",), None if tool_ids else ("patch", _no_tool_ids)]
+        reply = await post(
+            stack.http, stack.url + route, valid_body(route, stream=True), agent_headers(route, streamed)
+        )
+        frames, error = stream_outcome(route, reply)
+        assert error is None
+        reply = await post(stack.http, stack.url + route, valid_body(route), agent_headers(route, whole))
+        assert reply.status == 200
+        got, expected = _reply(route, frames), _json_reply(route, reply.json)
+        assert all(_tool_ids(route, got))
+        if route == CHAT and not tool_ids:  # a chat JSON reply passes the engine's message on as it is, id-less
+            got, expected = (got[0], [call[1:] for call in got[1]]), (expected[0], [call[1:] for call in expected[1]])
+        assert got == expected
+        assert _turn(await stack.trace(streamed)) == _turn(await stack.trace(whole))
+
+    run_stack(body, tmp_path)
+
+
+def _tool_ids(route: str, reply: Any) -> list[str]:
+    if route == CHAT:
+        return [call[0] for call in reply[1]]
+    if route == RESPONSES:
+        return [item["call_id"] for item in reply if "call_id" in item]
+    return [block["id"] for block in reply if block["type"] == "tool_use"]
+
+
+def _no_tool_ids(completion: dict[str, Any]) -> dict[str, Any]:
+    for call in completion["choices"][0]["message"]["tool_calls"]:
+        del call["id"]
+    return completion
+
+
+def _raw_reply(raw: bytes) -> Reply:
+    return Reply(200, "text/event-stream", raw)
+
+
+def _journal_calls(stack: Stack) -> int:
+    return sum(path.read_bytes().count(b'"kind":"call"') for path in stack.proxy.sessions.journal_dir.iterdir())
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        (("cut", 6), "ended before data: [DONE]"),
+        (("bad_chunk", 6), "invalid JSON in a stream chunk"),
+        (("error_event", 6), "injected stream error"),
+    ],
+)
+def test_a_stream_that_fails_midway_records_nothing(
+    tmp_path: Path, route: str, fault: tuple[str, int], message: str
+) -> None:
+    """The agent already read some text; the stream ends in the dialect's error event, nothing is recorded, and
+    the engine is not asked again (a retry after the first chunk would send the agent a second reply)."""
+
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        calls = stack.engine.calls
+        stack.engine.faults = [fault]
+        reply = await post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
+        frames, error = stream_outcome(route, reply)
+        assert error is not None and message in error["message"], frames[-1]
+        assert any(_is_text_delta(route, event, data) for event, data in frames)
+        assert stack.engine.calls == calls + 1
+        assert len((await stack.trace(key))["turns"]) == 0 and _journal_calls(stack) == 0
+        reply = await post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
+        assert stream_outcome(route, reply)[1] is None and len((await stack.trace(key))["turns"]) == 1
+
+    run_stack(body, tmp_path)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_session_deleted_midstream_records_nothing(tmp_path: Path, route: str) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        calls = stack.engine.calls
+        resume = asyncio.Event()
+        stack.engine.faults = [("pause", 6, resume)]
+        call = asyncio.create_task(
+            post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
+        )
+        await until(lambda: stack.engine.calls == calls + 1, "the stream did not reach the engine")
+        await asyncio.to_thread(stack.admin.delete, key)
+        resume.set()
+        frames, error = stream_outcome(route, await call)
+        assert error is not None and "deleted" in error["message"]
+        assert any(_is_text_delta(route, event, data) for event, data in frames)
+        assert list(stack.proxy.sessions.journal_dir.iterdir()) == []
+
+    run_stack(body, tmp_path)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_an_agent_that_leaves_midstream_cancels_the_engine_call_and_records_nothing(tmp_path: Path, route: str) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        resume = asyncio.Event()
+        stack.engine.faults = [("pause", 6, resume)]
+        async with stack.http.post(
+            stack.url + route, json=_text_body(route, stream=True), headers=agent_headers(route, key)
+        ) as resp:
+            seen = b""
+            while not any(_is_text_delta(route, e, d) for e, d in _frames(seen)):
+                seen += await resp.content.readline()
+            resp.close()  # the agent goes away while the engine still samples
+        await until(lambda: stack.engine.cancelled == 1, "the engine's stream was not dropped")
+        resume.set()
+        assert len((await stack.trace(key))["turns"]) == 0 and _journal_calls(stack) == 0
+        reply = await post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
+        assert stream_outcome(route, reply)[1] is None and len((await stack.trace(key))["turns"]) == 1
+
+    run_stack(body, tmp_path)
+
+
+def _frames(raw: bytes) -> list[tuple[str | None, Any]]:
+    """The complete frames of a partly read stream."""
+    out = []
+    for block in raw.split(b"\n\n")[:-1]:
+        event = None
+        for line in block.split(b"\n"):
+            if line.startswith(b"event: "):
+                event = line[7:].decode()
+            elif line.startswith(b"data: {"):
+                out.append((event, orjson.loads(line[6:])))
+    return out
+
+
+def test_keepalives_fill_a_silence_in_the_middle_of_a_stream(tmp_path: Path) -> None:
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        resume = asyncio.Event()
+        stack.engine.faults = [("pause", 6, resume)]
+        async with stack.http.post(
+            stack.url + CHAT, json=_text_body(CHAT, stream=True), headers=agent_headers(CHAT, key)
+        ) as resp:
+            lines: list[bytes] = []
+            while not re.search(rb'"content":"[^"].*: keepalive\n.*: keepalive\n', b"".join(lines), re.DOTALL):
+                line = await asyncio.wait_for(resp.content.readline(), 30)
+                assert line, lines
+                lines.append(line)
+            resume.set()
+            raw = b"".join(lines) + await resp.content.read()
+        assert stream_outcome(CHAT, _raw_reply(raw))[1] is None
+        assert len((await stack.trace(key))["turns"]) == 1
+
+    run_stack(body, tmp_path, keepalive_s=0.1)
+
+
+def test_a_prompt_of_megabytes_streams(tmp_path: Path) -> None:
+    """The first chunk carries the prompt's ids on one line (here about 2 MB): no line-length limit applies."""
+
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session()
+        request = _text_body(CHAT, stream=True, marker="x" * 1_000_000)
+        request["return_token_ids"] = True
+        reply = await post(stack.http, stack.url + CHAT, request, agent_headers(CHAT, key))
+        frames, error = stream_outcome(CHAT, reply)
+        assert error is None and len(frames[0][1]["prompt_token_ids"]) > 250_000
+        assert len((await stack.trace(key))["turns"]) == 1
+
+    run_stack(body, tmp_path, max_body_bytes=4_000_000)
+
+
+# --- the assembler ---------------------------------------------------------------------------------------------
+
+
+def _chunk(delta: dict[str, Any] | None = None, ids: list[int] | None = None, **choice: Any) -> dict[str, Any]:
+    logprobs = None if ids is None else {"content": [{"token": f"token_id:{i}", "logprob": -0.5} for i in ids]}
+    fields = {"index": 0, "delta": delta or {}, "logprobs": logprobs, "token_ids": ids, **choice}
+    return {"id": "chatcmpl-1", "created": 7, "model": "m", "choices": [fields]}
+
+
+def _assemble(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    assembler = StreamAssembler()
+    for chunk in chunks:
+        assembler.add(chunk)
+    return assembler.response()
+
+
+def test_the_assembler_builds_the_reply_chat_would_return() -> None:
+    first = {**_chunk({"role": "assistant", "content": ""}), "prompt_token_ids": [1, 2]}
+    call = {"index": 0, "id": "c", "type": "function", "function": {"name": "bash", "arguments": ""}}
+    response = _assemble(
+        [
+            first,
+            _chunk({"reasoning_content": "th", "reasoning": "th"}, [10]),  # vLLM may send both names
+            _chunk({"reasoning": "ink"}, [11]),
+            _chunk({"content": "hi"}, [12]),
+            _chunk({"tool_calls": [call]}, [13]),
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}, [14]),
+            _chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, [15]),
+            _chunk({"tool_calls": [{"index": 1, "type": "function", "function": {"name": "ls"}}]}, [16]),
+            _chunk({}, [17], finish_reason="tool_calls"),
+            {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 8}},
+        ]
+    )
+    choice = response["choices"][0]
+    assert response["prompt_token_ids"] == [1, 2] and response["usage"]["completion_tokens"] == 8
+    assert choice["token_ids"] == list(range(10, 18)) and len(choice["logprobs"]["content"]) == 8
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"] == {
+        "role": "assistant",
+        "reasoning_content": "think",
+        "content": "hi",
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"a": 1}'}},
+            {"id": None, "type": "function", "function": {"name": "ls", "arguments": ""}},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("chunks", "message"),
+    [
+        ([_chunk({"content": "a"}, [1])], "without a finish_reason"),
+        ([_chunk({"content": "a"}, [1]), _chunk({"reasoning": "b"}, [2], finish_reason="stop")], "reasoning after"),
+        ([{**_chunk({}, [1, 2]), "choices": [{**_chunk({}, [1, 2])["choices"][0], "token_ids": [1]}]}], "2 logprobs"),
+        ([_chunk({}, [1]), {"choices": [{"token_ids": [2], "finish_reason": "stop"}]}], "without their"),
+        ([_chunk({}, [1], finish_reason="stop"), {"choices": [], "usage": {"completion_tokens": 2}}], "usage counts"),
+        ([_chunk({"tool_calls": [{"index": 1, "function": {"name": "a"}}]})], "skips one"),
+        ([_chunk({"tool_calls": [{"function": {"name": "a"}}]})], "no index"),
+        ([_chunk({"tool_calls": [{"index": 0, "function": {"arguments": {"a": 1}}}]})], "not a string"),
+        ([_chunk({"content": ["a"]})], "content is not a string"),
+        ([{"choices": [{"index": 1}]}], "other than 0"),
+        ([{"choices": "x"}], "not one choice"),
+    ],
+)
+def test_the_assembler_refuses_a_stream_that_breaks_the_contract(chunks: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(MalformedUpstream, match=message):
+        _assemble(chunks)
+
+
+# --- incremental rendering -------------------------------------------------------------------------------------
+
+_REQUESTS = {
+    "openai_chat": OPENCODE_REQUEST,
+    "openai_responses": {**CODEX_REQUEST, "tools": [*CODEX_REQUEST["tools"], {"type": "function", "name": "Bash"}]},
+    "anthropic_messages": CLAUDE_CODE_REQUEST,
+}
+
+
+def _cut(text: str, sizes: tuple[int, ...] = (1, 3, 7, 2, 11)) -> list[str]:
+    pieces, at, n = [], 0, 0
+    while at < len(text):
+        pieces.append(text[at : at + sizes[n % len(sizes)]])
+        at += sizes[n % len(sizes)]
+        n += 1
+    return pieces
+
+
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+@pytest.mark.parametrize("reply", list(ENGINE_REPLIES))
+def test_any_cut_into_deltas_renders_the_reply_render_stream_gives(dialect: str, reply: str) -> None:
+    """The frames differ (one per delta) but a client makes the same reply of them."""
+    module = DIALECTS[dialect]
+    engine = ENGINE_REPLIES[reply]
+    request = module.parse_request(_REQUESTS[dialect])
+    renderer: StreamRenderer = module.stream_renderer(request)
+    message = engine["choices"][0]["message"]
+    frames = renderer.start({key: engine[key] for key in ("id", "created", "model", "prompt_token_ids")})
+    for key in ("reasoning_content", "content"):
+        for piece in _cut(message.get(key) or ""):
+            frames += renderer.delta({key: piece})
+    frames += renderer.finish(engine)
+    route = {"openai_chat": CHAT, "openai_responses": RESPONSES, "anthropic_messages": ANTHROPIC}[dialect]
+    streamed, replayed = parse_sse(b"".join(frames)), parse_sse(b"".join(module.render_stream(engine, request)))
+    assert len(streamed) > len(replayed) or not (message.get("content") or message.get("reasoning_content"))
+    if route == RESPONSES:
+        assert streamed[-1] == (replayed[-1][0], {**replayed[-1][1], "sequence_number": len(streamed) - 1})
+    assert _reply(route, streamed) == _reply(route, replayed)
