@@ -3,6 +3,8 @@
     .venv/bin/python bench/proxy_vs_openenv.py            # full run (~5-8 min on 2 cores)
     .venv/bin/python bench/proxy_vs_openenv.py --quick    # smoke run (~1 min)
     .venv/bin/python bench/proxy_vs_openenv.py --cases 64x8 --streaming off --proxies ours
+    .venv/bin/python bench/proxy_vs_openenv.py --before REV --ttft 4x4 \
+        --cases 1x8,64x8,256x8,16x64,4x128        # the proxy-hardening figures, REV's proxy beside this one
 
 Setup (REFERENCE §7): one fake vLLM-like engine (``bench/fake_vllm.py``, with
 tokenize memoised per message string, see ``BenchEngine``) and this process as
@@ -59,6 +61,16 @@ parser the venv has, access log on, as its ``main`` sets). The detail table's
 "others CPU %" is the CPU every other process on the machine used during the
 load (from /proc/stat): above a few % the figures are noisy. ``--profile DIR``
 attaches py-spy to each proxy's throughput phase (collapsed stacks in DIR).
+
+``--before REV`` adds a third proxy, REV's ``proxy`` package (``git archive``)
+run the same way, so a change is measured against its base in one run.
+``--ttft SxN`` adds a streamed phase per target (and direct) in which the engine
+samples one token per ``--token-latency-ms``: **first text** = time from sending
+the request to the first SSE chunk carrying reply text (replies without text are
+not counted). The closing "proxy-hardening figures" table puts side by side, per
+target: proxy CPU per call by case, added p50 latency (paced), RSS per session in
+``Sx64`` cases ((RSS after the load - RSS before it) / sessions), the p50 time of
+one session's ``GET .../trace`` in ``Sx128`` cases, and first text / whole reply.
 """
 
 from __future__ import annotations
@@ -72,6 +84,7 @@ import http.client
 import math
 import os
 import platform
+import re
 import secrets
 import shutil
 import signal
@@ -100,7 +113,9 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = fv.MODEL
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_PDEATHSIG = 1
-TARGETS = ("ours", "openenv")
+TARGETS = ("ours", "before", "openenv")
+PROXY_TARGETS = ("ours", "before")  # our proxy: this tree's, and ``--before REV``'s (run from a git archive)
+TEXT_DELTA = re.compile(rb'"content": ?"[^"]')  # an SSE chunk that carries reply text
 DEFAULT_CASES = "1x8,16x8,64x8,256x8,4x64"
 BASH_TOOL = [
     {
@@ -183,9 +198,12 @@ class BenchEngine(fv.FakeVLLM):
         body = orjson.loads(await request.read())
         self.latency_s = float(body.get("latency_s", self.latency_s))
         self.jitter = float(body.get("jitter", self.jitter))
+        self.token_latency_s = float(body.get("token_latency_s", self.token_latency_s))
         return web.json_response({"latency_s": self.latency_s, "jitter": self.jitter, "calls": self.calls})
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if self.token_latency_s:  # sampling token by token: fake_vllm's own stream, a chunk per token
+            return await super()._chat(request)
         self.calls += 1
         body = orjson.loads(await request.read())
         if self.latency_s > 0:
@@ -258,12 +276,14 @@ class Procs:
         self.workdir = workdir
         self.live: dict[int, subprocess.Popen] = {}
 
-    def spawn(self, name: str, argv: list[str], cores: set[int] | None) -> tuple[subprocess.Popen, Path]:
+    def spawn(
+        self, name: str, argv: list[str], cores: set[int] | None, cwd: Path = REPO
+    ) -> tuple[subprocess.Popen, Path]:
         log = self.workdir / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 argv,
-                cwd=REPO,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -366,6 +386,7 @@ class Call:
     sleep_s: float
     echo_prompt: int | None
     echo_completion: int | None
+    ttft_s: float | None = None  # streamed: time to the first chunk carrying reply text (None: no text)
 
 
 @dataclass
@@ -373,6 +394,7 @@ class Agent:
     user_text: str
     messages: list[dict[str, Any]]
     key: str = ""
+    session_id: str = ""  # the proxy's session id (the admin plane's); older proxies: the key
     calls: list[Call] = field(default_factory=list)
     error: str | None = None
 
@@ -402,6 +424,9 @@ class Phase:
     echo_checked: int = 0
     echo_bad: int = 0
     export_s: float = 0.0
+    export_ms: list[float] = field(default_factory=list)  # per session: GET of its trace, first byte to last
+    rss_idle_mb: float = 0.0  # the proxy's RSS before the load
+    call_records: list[Call] = field(default_factory=list)
     note: str = ""
 
     @property
@@ -410,6 +435,14 @@ class Phase:
 
     def pct(self, q: float) -> float:
         return percentile(self.latencies_ms, q)
+
+    @property
+    def ttft_ms(self) -> list[float]:
+        return [c.ttft_s * 1e3 for c in self.call_records if c.ttft_s is not None]
+
+    @property
+    def mb_per_session(self) -> float:
+        return (self.rss_mb - self.rss_idle_mb) / self.sessions if self.sessions else math.nan
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -445,8 +478,8 @@ def parse_sse_reply(data: bytes) -> tuple[dict[str, Any], list[int] | None, list
         if chunk.get("prompt_token_ids") is not None:
             prompt_ids = chunk["prompt_token_ids"]
         for choice in chunk.get("choices") or []:
-            if choice.get("token_ids") is not None:
-                token_ids = choice["token_ids"]
+            if choice.get("token_ids") is not None:  # an engine sends each chunk's ids, a proxy all at the end
+                token_ids = (token_ids or []) + choice["token_ids"]
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 content.append(delta["content"])
@@ -505,12 +538,13 @@ class LoadGen:
     async def create_session(self, http: aiohttp.ClientSession, agent: Agent) -> None:
         if self.target == "direct":
             return
-        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.target == "ours" else {}
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.target in PROXY_TARGETS else {}
         async with http.post(f"{self.url}/sessions", json={}, headers=headers) as resp:
             data = await resp.json()
             if resp.status not in (200, 201):
                 raise RuntimeError(f"{self.target} POST /sessions: {resp.status} {data}")
         agent.key = data.get("api_key") or data["session_id"]
+        agent.session_id = data["session_id"]
 
     async def call(self, http: aiohttp.ClientSession, agent: Agent) -> bool:
         body: dict[str, Any] = {
@@ -528,16 +562,24 @@ class LoadGen:
         n = len(agent.messages)
         sleep_s = planned_sleep(self.latency_s, self.jitter, agent.messages)
         t0 = time.perf_counter()
+        ttft = None
         try:
             async with http.post(f"{self.url}/v1/chat/completions", data=payload, headers=headers) as resp:
-                data = await resp.read()
                 status = resp.status
+                if self.stream and status == 200:
+                    pieces = []
+                    async for piece in resp.content.iter_any():
+                        if ttft is None and TEXT_DELTA.search(piece):
+                            ttft = time.perf_counter() - t0
+                        pieces.append(piece)
+                    data = b"".join(pieces)
+                else:
+                    data = await resp.read()
             latency = time.perf_counter() - t0
             if status != 200:
                 agent.error = f"HTTP {status}: {data[:200]!r}"
                 return False
-            is_sse = self.stream and self.target != "direct"
-            message, prompt_ids, token_ids = parse_sse_reply(data) if is_sse else parse_json_reply(data)
+            message, prompt_ids, token_ids = parse_sse_reply(data) if self.stream else parse_json_reply(data)
         except (aiohttp.ClientError, TimeoutError, RuntimeError, KeyError, orjson.JSONDecodeError) as exc:
             agent.error = f"{type(exc).__name__}: {exc}"
             return False
@@ -548,6 +590,7 @@ class LoadGen:
                 sleep_s,
                 ids_key(prompt_ids) if prompt_ids is not None else None,
                 ids_key(token_ids) if token_ids is not None else None,
+                ttft,
             )
         )
         reply = history_message(message)
@@ -607,21 +650,27 @@ class LoadGen:
         return wall, cpu
 
 
-async def fetch_traces(url: str, target: str, admin_key: str, agents: list[Agent]) -> list[list[tuple[int, int]]]:
-    """Per agent, the (prompt ids key, completion ids key) of every turn in its trace."""
+async def fetch_traces(
+    url: str, target: str, admin_key: str, agents: list[Agent], export_ms: list[float]
+) -> list[list[tuple[int, int]]]:
+    """Per agent, the (prompt ids key, completion ids key) of every turn in its trace; each GET's ms into
+    ``export_ms``."""
     out: list[list[tuple[int, int]]] = [[] for _ in agents]
     sem = asyncio.Semaphore(8)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as http:
 
         async def one(i: int, agent: Agent) -> None:
-            if target == "ours":
-                path, field_ = f"/sessions/{agent.key}/trace", "turns"
+            if target in PROXY_TARGETS:
+                path, field_ = f"/sessions/{agent.session_id}/trace", "turns"
                 headers = {"Authorization": f"Bearer {admin_key}"}
             else:
-                path, field_, headers = f"/sessions/{agent.key}/trace_entries", "entries", {}
-            async with sem, http.get(url + path, headers=headers) as resp:
-                data = await resp.read()
+                path, field_, headers = f"/sessions/{agent.session_id}/trace_entries", "entries", {}
+            async with sem:
+                t0 = time.perf_counter()
+                async with http.get(url + path, headers=headers) as resp:
+                    data = await resp.read()
+                export_ms.append((time.perf_counter() - t0) * 1e3)
                 if resp.status != 200:
                     raise RuntimeError(f"{target} GET {path}: {resp.status} {data[:300]!r}")
             turns = orjson.loads(data)[field_]
@@ -663,6 +712,7 @@ class Env:
     system: str
     run_tag: str
     pin: bool
+    before_src: Path | None = None  # ``--before REV``'s proxy package, extracted
 
 
 def start_target(env: Env, target: str, label: str) -> tuple[subprocess.Popen | None, int, str]:
@@ -672,8 +722,12 @@ def start_target(env: Env, target: str, label: str) -> tuple[subprocess.Popen | 
     port = free_port()
     cores = {env.args.proxy_core} if env.pin else None
     py = sys.executable
-    if target == "ours":
+    cwd = REPO
+    if target in PROXY_TARGETS:
         admin = secrets.token_hex(16)
+        if target == "before":
+            assert env.before_src is not None, "--before REV is needed for the 'before' proxy"
+            cwd = env.before_src
         journal = env.workdir / f"journal-{label}"
         argv = [
             py,
@@ -706,22 +760,31 @@ def start_target(env: Env, target: str, label: str) -> tuple[subprocess.Popen | 
             "--port",
             str(port),
         ]
-    proc, log = env.procs.spawn(f"{target}-{label}", argv, cores)
+    proc, log = env.procs.spawn(f"{target}-{label}", argv, cores, cwd)
     wait_healthy(port, proc, log)
     return proc, port, admin
 
 
-def run_phase(env: Env, target: str, case: tuple[int, int], stream: bool, paced: bool) -> Phase:
+def run_phase(
+    env: Env, target: str, case: tuple[int, int], stream: bool, paced: bool, token_latency_s: float = 0.0
+) -> Phase:
+    """One phase; ``token_latency_s`` > 0 makes the engine sample that slowly (the time-to-first-token phase)."""
     a = env.args
     sessions, turns = case
     label = f"{sessions}x{turns}-{'sse' if stream else 'json'}-{'paced' if paced else 'tput'}"
+    if token_latency_s:
+        label += "-ttft"
     result = Phase(target, f"{sessions}x{turns}", stream, paced)
     rate = a.paced_rate if paced else None
     latency = sessions / a.paced_rate if paced else 0.0
-    post_json(env.engine_port, "/bench/config", {"latency_s": latency, "jitter": 0.5})
+    config = {"latency_s": latency, "jitter": 0.5, "token_latency_s": token_latency_s}
+    post_json(env.engine_port, "/bench/config", config)
     per_round = sessions * turns
-    rounds = max(1, math.ceil(min(a.target_calls, a.max_calls) / per_round))
+    calls_wanted = min(a.target_calls, a.max_calls) if not token_latency_s else per_round
+    rounds = max(1, math.ceil(calls_wanted / per_round))
     proc, port, admin = start_target(env, target, label)
+    if proc is not None:
+        result.rss_idle_mb = proc_mem_mb(proc.pid)[0]
     spy = None
     try:
         if a.profile and proc is not None and not paced:
@@ -777,6 +840,7 @@ def run_phase(env: Env, target: str, case: tuple[int, int], stream: bool, paced:
         if result.errors:
             result.note = next(ag.error for ag in agents if ag.error) or ""
         result.latencies_ms = [(c.latency_s - c.sleep_s) * 1e3 for ag in agents for c in ag.calls]
+        result.call_records = [c for ag in agents for c in ag.calls]
         result.proxy_cpu_s = cpu.get("proxy", 0.0)
         result.engine_cpu_s = cpu["engine"]
         result.loadgen_cpu_s = cpu["loadgen"]
@@ -787,7 +851,7 @@ def run_phase(env: Env, target: str, case: tuple[int, int], stream: bool, paced:
             result.rss_mb, result.hwm_mb = proc_mem_mb(proc.pid)
             used = [ag for ag in agents if ag.key]
             t0 = time.perf_counter()
-            traces = asyncio.run(fetch_traces(f"http://127.0.0.1:{port}", target, admin, used))
+            traces = asyncio.run(fetch_traces(f"http://127.0.0.1:{port}", target, admin, used, result.export_ms))
             result.export_s = time.perf_counter() - t0
             result.hwm_after_export_mb = proc_mem_mb(proc.pid)[1]
             agents = used
@@ -983,6 +1047,73 @@ def targets_verdict(res: dict, streams: list[bool]) -> str:
     return "\n".join(lines)
 
 
+def hardening_report(
+    res: dict, ttft: dict[str, Phase], targets: list[str], streams: list[bool], token_latency_ms: float
+) -> str:
+    """The proxy-hardening figures side by side per target: CPU per call and added p50 latency by concurrency,
+    RSS per session of 64-turn cases, one session's trace export in 128-turn cases, time to first token."""
+    rows: list[list[str]] = []
+
+    def row(name: str, value: Any) -> None:
+        cells = [value(t) for t in targets]
+        if any(c != "-" for c in cells):
+            rows.append([name, *cells])
+
+    def phase(t: str, case: str, stream: bool, paced: bool) -> Phase | None:
+        return res.get((t, case, stream, paced))
+
+    cases = sorted({k[1] for k in res}, key=lambda c: tuple(map(int, c.split("x"))))
+    for stream in streams:
+        tag = "sse" if stream else "json"
+        for case in cases:
+            row(
+                f"proxy CPU ms/call {case} {tag}",
+                lambda t, c=case, s=stream: (
+                    fmt(p.proxy_cpu_s * 1e3 / p.calls, 2) if (p := phase(t, c, s, False)) and p.calls else "-"
+                ),
+            )
+        for case in cases:
+            row(f"added p50 ms {case} {tag} (paced)", lambda t, c=case, s=stream: fmt(added(res, t, c, s, 0.5), 2))
+        for case in [c for c in cases if c.endswith("x64")]:
+            row(
+                f"RSS MB per 64-turn session {case} {tag}",
+                lambda t, c=case, s=stream: fmt(p.mb_per_session, 2) if (p := phase(t, c, s, False)) else "-",
+            )
+        for case in [c for c in cases if c.endswith("x128")]:
+            row(
+                f"trace export ms, one 128-turn session {case} {tag} (p50)",
+                lambda t, c=case, s=stream: (
+                    fmt(percentile(p.export_ms, 0.5), 1) if (p := phase(t, c, s, False)) else "-"
+                ),
+            )
+    if ttft:
+        direct = ttft.get("direct")
+        row(
+            f"first text ms p50, engine {token_latency_ms:g} ms/token",
+            lambda t: fmt(percentile(ttft[t].ttft_ms, 0.5), 1) if t in ttft else "-",
+        )
+        row("whole reply ms p50, same phase", lambda t: fmt(ttft[t].pct(0.5), 1) if t in ttft else "-")
+        if direct is not None:
+            rows.append(
+                [
+                    "(direct to the engine: first text / whole reply ms p50)",
+                    f"{fmt(percentile(direct.ttft_ms, 0.5), 1)} / {fmt(direct.pct(0.5), 1)}",
+                    *[""] * (len(targets) - 1),
+                ]
+            )
+    if not rows:
+        return ""
+    return "\nProxy-hardening figures (tput phases unless marked):\n" + table(["figure", *targets], rows)
+
+
+def extract_proxy(rev: str, dest: Path) -> Path:
+    """``rev``'s ``proxy`` package under ``dest`` (``python -m proxy`` there runs that revision)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "proxy"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 # --- main -----------------------------------------------------------------------------------------------------------
 
 
@@ -999,7 +1130,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
     )
     p.add_argument("--cases", default=None, help=f"comma-separated SESSIONSxTURNS (default {DEFAULT_CASES})")
-    p.add_argument("--proxies", default="ours,openenv", help="comma-separated subset of: ours,openenv")
+    p.add_argument("--proxies", default="ours,openenv", help="comma-separated subset of: ours,before,openenv")
+    p.add_argument(
+        "--before",
+        metavar="REV",
+        default=None,
+        help="a git revision whose proxy runs as the 'before' target (added to --proxies when given)",
+    )
+    p.add_argument(
+        "--ttft",
+        metavar="SxN",
+        default=None,
+        help="also run a streamed time-to-first-token phase of this case with a slowly sampling engine (e.g. 4x4)",
+    )
+    p.add_argument("--token-latency-ms", type=float, default=20.0, help="the engine's ms per token in --ttft")
     p.add_argument("--streaming", choices=("off", "on", "both"), default="both")
     p.add_argument("--no-paced", action="store_true", help="skip the paced (added-latency) phase")
     p.add_argument("--paced-rate", type=float, default=None, help="offered calls/s in the paced phase (100)")
@@ -1057,9 +1201,13 @@ def main(argv: list[str] | None = None) -> int:
         serve_engine(a.serve_engine, memo=not a.no_memo)
         return 0
     targets = [t.strip() for t in a.proxies.split(",") if t.strip()]
+    if a.before and "before" not in targets:
+        targets.insert(targets.index("ours") + 1 if "ours" in targets else 0, "before")
     bad = set(targets) - set(TARGETS)
     if bad:
         raise SystemExit(f"unknown proxies: {sorted(bad)}")
+    if "before" in targets and not a.before:
+        raise SystemExit("the 'before' proxy needs --before REV")
     cases = parse_cases(a.cases)
     streams = {"off": [False], "on": [True], "both": [False, True]}[a.streaming]
     cpus = os.cpu_count() or 1
@@ -1075,6 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-vs-openenv-"))
     procs = Procs(workdir)
     res: dict[tuple[str, str, bool, bool], Phase] = {}
+    ttft: dict[str, Phase] = {}
     failures: list[str] = []
     pinning = f"proxy->core {a.proxy_core}, engine+loadgen->core {a.load_core}" if pin else "no"
     print(
@@ -1099,6 +1248,8 @@ def main(argv: list[str] | None = None) -> int:
         engine, log = procs.spawn("engine", argv_engine, {a.load_core} if pin else None)
         wait_healthy(engine_port, engine, log)
         env = Env(a, procs, workdir, engine_port, engine.pid, system, secrets.token_hex(4), pin)
+        if a.before:
+            env.before_src = extract_proxy(a.before, workdir / "before-src")
 
         def measure(target: str, sessions: int, turns: int, stream: bool, paced: bool) -> None:
             case = f"{sessions}x{turns}"
@@ -1132,6 +1283,20 @@ def main(argv: list[str] | None = None) -> int:
                 for target in targets:
                     for paced in (False,) if a.no_paced else (False, True):
                         measure(target, sessions, turns, stream, paced)
+        if a.ttft:
+            (sessions, turns), token_s = parse_cases(a.ttft)[0], a.token_latency_ms / 1e3
+            for target in ["direct", *targets]:
+                try:
+                    r = run_phase(env, target, (sessions, turns), True, False, token_latency_s=token_s)
+                except (RuntimeError, OSError, aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
+                    failures.append(f"ttft {target}: {type(exc).__name__}: {exc}")
+                    continue
+                ttft[target] = r
+                print(
+                    f"  {a.ttft:>6} {target:<7} sse     ttft : {r.calls} calls, first text p50 "
+                    f"{percentile(r.ttft_ms, 0.5):7.1f} ms, whole reply p50 {r.pct(0.5):7.1f} ms err {r.errors}",
+                    flush=True,
+                )
     except KeyboardInterrupt:
         print("\ninterrupted; stopping child processes", file=sys.stderr)
         return 130
@@ -1142,6 +1307,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(res, case_names, streams, targets))
     print(targets_verdict(res, streams))
+    print(hardening_report(res, ttft, targets, streams, a.token_latency_ms))
     if failures:
         print("\nFailed runs:\n  " + "\n  ".join(f[:500] for f in failures))
     print(f"\nos.cpu_count()={cpus}; load average at end: {load_avg()}; total {time.monotonic() - started:.0f} s")
