@@ -412,9 +412,10 @@ class EngineClient:
         """
         return await self._post("/v1/chat/completions", body if isinstance(body, bytes) else dumps_bounded(body))
 
-    async def chat_stream(self, body: dict[str, Any] | bytes) -> AsyncIterator[dict[str, Any]]:
-        """One streamed chat completion: yields each SSE ``data`` chunk as a JSON object, in order, and ends
-        after ``data: [DONE]``.
+    async def chat_stream(self, body: dict[str, Any] | bytes) -> AsyncIterator[list[dict[str, Any]]]:
+        """One streamed chat completion: yields the SSE ``data`` chunks as JSON objects, in order, in batches
+        (every chunk that had arrived by then: a caller that forwards each batch at once pays per read, not per
+        token), and ends after ``data: [DONE]``.
 
         ``body`` is as for ``chat`` and asks for the stream. Failures are retried as ``chat`` retries them, but
         only until the first chunk arrived. The whole stream has one budget, ``timeout_s`` (504 when it runs
@@ -441,11 +442,22 @@ class EngineClient:
                             failure = _retryable_failure(response.status, data)
                             retry = response.headers.get("Retry-After")
                         else:
-                            async for data in _sse_data(response.content, deadline):
-                                if data == b"[DONE]":
+                            async for events in _sse_data(response.content, deadline):
+                                done = b"[DONE]" in events
+                                if done:
+                                    events = events[: events.index(b"[DONE]")]
+                                if events:
+                                    received = True
+                                    batch: list[dict[str, Any]] = []
+                                    try:
+                                        batch.extend(map(_stream_chunk, events))
+                                    except UpstreamError:
+                                        if batch:  # the chunks before a bad one still reach the caller first
+                                            yield batch
+                                        raise
+                                    yield batch
+                                if done:
                                     return
-                                received = True
-                                yield _stream_chunk(data)
                             raise MalformedUpstream("the stream ended before data: [DONE]")
                 except TimeoutError:  # the budget is spent: never retried
                     raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None
@@ -546,9 +558,10 @@ def _retryable_failure(status: int, data: bytes) -> UpstreamError:
     return failure
 
 
-async def _sse_data(content: aiohttp.StreamReader, deadline: float) -> AsyncIterator[bytes]:
-    """The ``data`` of each SSE event of ``content`` (its data lines joined by newlines), each read bounded by
-    ``deadline``; other fields and comments are skipped. Lines may be of any length (a prompt's ids)."""
+async def _sse_data(content: aiohttp.StreamReader, deadline: float) -> AsyncIterator[list[bytes]]:
+    """The ``data`` of the SSE events of ``content`` (each event's data lines joined by newlines), a list per
+    read: the events completed by what arrived. Each read is bounded by ``deadline``; other fields and
+    comments are skipped. Lines may be of any length (a prompt's ids)."""
     buffer = bytearray()
     data: list[bytes] = []
     while True:
@@ -561,14 +574,17 @@ async def _sse_data(content: aiohttp.StreamReader, deadline: float) -> AsyncIter
             continue
         *lines, rest = buffer.split(b"\n")
         buffer = rest
+        events = []
         for line in lines:
             line = line.removesuffix(b"\r")
             if not line:
                 if data:
-                    yield b"\n".join(data)
+                    events.append(b"\n".join(data))
                     data = []
             elif line.startswith(b"data:"):
                 data.append(bytes(line[5:].removeprefix(b" ")))
+        if events:
+            yield events
 
 
 def _stream_chunk(data: bytes) -> dict[str, Any]:

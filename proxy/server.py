@@ -39,7 +39,7 @@ import secrets
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -491,14 +491,14 @@ class CaptureProxy:
         assembler = StreamAssembler()
         keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
         try:
-            async with aclosing(client.chat_stream(payload)) as chunks:
-                async for chunk in chunks:
+            async with aclosing(client.chat_stream(payload)) as batches:
+                async for batch in batches:
                     started = bool(assembler.head)
-                    deltas = assembler.add(chunk)
+                    deltas = _joined_deltas(assembler.add(chunk) for chunk in batch)
                     with _rendering(dialect):
                         frames = [] if started else renderer.start(assembler.head)
-                        if deltas:
-                            frames += renderer.delta(deltas)
+                        for delta in deltas:
+                            frames += renderer.delta(delta)
                     if frames:
                         await stream.write(b"".join(frames))
         finally:  # it can't write again: it raises CancelledError where it waits
@@ -578,6 +578,18 @@ class _BodyError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _joined_deltas(deltas: Iterable[dict[str, str]]) -> list[dict[str, str]]:
+    """Text deltas in order, each run of one field joined into one delta (one frame instead of one per token)."""
+    out: list[dict[str, str]] = []
+    for delta in deltas:
+        for key, text in delta.items():
+            if out and key in out[-1] and len(out[-1]) == 1:
+                out[-1][key] += text
+            else:
+                out.append({key: text})
+    return out
 
 
 def _dialect_for(path: str) -> ModuleType:

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from proxy.dialects import DIALECTS
-from proxy.dialects.base import StreamRenderer
+from proxy.dialects.base import DELTA_CHARS, StreamRenderer
 from proxy.engine_client import MalformedUpstream, StreamAssembler
 from tests.proxy.proxy_stack import Stack, run_stack
 from tests.proxy.test_dialects import (
@@ -402,3 +402,22 @@ def test_any_cut_into_deltas_renders_the_reply_render_stream_gives(dialect: str,
     if route == RESPONSES:
         assert streamed[-1] == (replayed[-1][0], {**replayed[-1][1], "sequence_number": len(streamed) - 1})
     assert _reply(route, streamed) == _reply(route, replayed)
+
+
+def test_chunks_that_arrived_together_reach_the_agent_as_one_delta(tmp_path: Path) -> None:
+    """The proxy forwards what has arrived, not each engine chunk: a whole stream read at once is one text delta
+    per ``DELTA_CHARS`` of text, not one per token (the per-call CPU of streaming scales with reads, not tokens)."""
+
+    async def body(stack: Stack) -> None:
+        stack.engine.completion_chars = 6 * TOKENS
+        key = await stack.create_session()
+        async with stack.http.post(
+            stack.url + CHAT, json=_text_body(CHAT, stream=True), headers=agent_headers(CHAT, key)
+        ) as resp:
+            raw = await resp.read()
+        deltas = [data for _, data in _frames(raw) if _is_text_delta(CHAT, None, data)]
+        text = "".join(c["delta"]["content"] for d in deltas for c in d["choices"])
+        assert len(text) > 4 * TOKENS
+        assert len(deltas) <= -(-len(text) // DELTA_CHARS) + 1, len(deltas)
+
+    run_stack(body, tmp_path)
