@@ -333,7 +333,7 @@ class CaptureProxy:
     async def _get_trace(self, request: web.Request) -> web.Response:
         """The session's trace, built and serialised on a worker thread: a large export never stalls the loop."""
         session = self._session_or_404(request)
-        body = await asyncio.to_thread(lambda: session.graph.to_training_trace().to_json())
+        body = await asyncio.to_thread(session.graph.trace_json)
         return web.Response(body=body, content_type="application/json")
 
     async def _get_sequences(self, request: web.Request) -> web.Response:

@@ -16,9 +16,9 @@ import pytest
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
 import proxy.server as server_module
+from proxy.capture_graph import CaptureGraph
 from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.server import BUDGET_EXHAUSTED_TEXT as BUDGET_TEXT
-from proxy.trace import TrainingTrace
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
 from tests.support.processes import ReadyProcess
 from tests.support.wait import until
@@ -330,18 +330,18 @@ def test_exports_build_and_serialise_off_the_event_loop(tmp_path: Path, monkeypa
     """A trace or sequence export (hundreds of MB for a long session) never runs on the loop that serves
     every other session: building and serialising both happen on a worker thread."""
     threads: dict[str, threading.Thread] = {}
-    to_json, dumps = TrainingTrace.to_json, server_module.orjson.dumps
+    trace_json, dumps = CaptureGraph.trace_json, server_module.orjson.dumps
 
-    def recording_to_json(trace: TrainingTrace) -> bytes:
+    def recording_trace_json(graph: CaptureGraph) -> bytes:
         threads["trace"] = threading.current_thread()
-        return to_json(trace)
+        return trace_json(graph)
 
     def recording_dumps(value: Any, *args: Any, **kwargs: Any) -> bytes:
         if isinstance(value, dict) and "sequences" in value:
             threads["sequences"] = threading.current_thread()
         return dumps(value, *args, **kwargs)
 
-    monkeypatch.setattr(TrainingTrace, "to_json", recording_to_json)
+    monkeypatch.setattr(CaptureGraph, "trace_json", recording_trace_json)
     monkeypatch.setattr(server_module.orjson, "dumps", recording_dumps)
 
     async def body(stack: Stack) -> None:
