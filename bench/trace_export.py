@@ -2,12 +2,15 @@
 
 Each session is an append-only agent chat: a 1,000-token first prompt, then every call's prompt
 extends the previous one by its 50 sampled tokens plus a 150-token tool result (256 turns: a
-~52k-token final prompt). A second shape re-renders the history on every call (terminus-2), so
-every call is a new root. Times are the best of `--repeats` runs, in milliseconds. Retained memory
-is what a graph keeps (list storage, traced) when every call's ids arrive as fresh lists, as they do
-from the engine's JSON.
+~52k-token final prompt). The served trace (`GET /sessions/{id}/trace`) is timed both ways: the
+model then `to_json`, and `trace_json`, which splices each segment's bytes; also for the same calls
+carrying the requests an agent sends (a 6.4k-character system prompt, a bash tool, a ~200-character
+message per call, messages shared across turns as a proxy session stores them). A second shape
+re-renders the history on every call (terminus-2), so every call is a new root. Times are the best
+of `--repeats` runs, in milliseconds. Retained memory is what a graph keeps (list storage, traced)
+when every call's ids arrive as fresh lists, as they do from the engine's JSON.
 
-    .venv/bin/python -m bench.trace_export [--turns 64 256] [--repeats 3]
+    .venv/bin/python -m bench.trace_export [--turns 64 128 256] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from proxy.trace import TrainingTrace
 
 Call = tuple[list[int], list[int], list[float]]
 TOOLS = {"messages": [], "tools": [{"type": "function", "function": {"name": "sh"}}]}
+AGENT_TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run one shell command.",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]  # fmt: skip
 
 
 def session(n_turns: int, first: int = 1_000, sampled: int = 50, tool: int = 150) -> list[Call]:
@@ -38,6 +43,18 @@ def session(n_turns: int, first: int = 1_000, sampled: int = 50, tool: int = 150
         calls.append((prompt, out, [-rng.random() for _ in out]))
         prompt = prompt + out + [rng.randrange(150_000) for _ in range(tool)]
     return calls
+
+
+def agent_requests(n_turns: int) -> list[dict[str, Any]]:
+    """Each call's request as a proxy session keeps it: a growing history whose message objects are shared."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful engineer. " * 229}]
+    requests = []
+    for turn in range(n_turns):
+        history.append({"role": "tool" if turn else "user", "content": f"result {turn}: " + "ok " * 64})
+        requests.append({"messages": list(history), "tools": AGENT_TOOLS})
+        history.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"c{turn}", "type": "function",
+                        "function": {"name": "bash", "arguments": '{"command": "pytest -x"}'}}]})  # fmt: skip
+    return requests
 
 
 def rerendered(calls: list[Call]) -> list[Call]:
@@ -104,6 +121,13 @@ def run(n_turns: int, repeats: int) -> None:
     validate_ms, _ = best_ms(lambda: TrainingTrace.model_validate(as_dicts), repeats)
     oe_validate_ms, _ = best_ms(lambda: OpenEnvTrainingTrace.model_validate(as_dicts), repeats)
     oe_validate_json_ms, _ = best_ms(lambda: OpenEnvTrainingTrace.model_validate_json(data), repeats)
+    served_ms, _ = best_ms(lambda: graph.to_training_trace().to_json(), repeats)
+    spliced_ms, _ = best_ms(graph.trace_json, repeats)
+    agent_graph = CaptureGraph()
+    for (prompt, out, lps), request in zip(calls, agent_requests(n_turns), strict=True):
+        agent_graph.add_call(prompt, out, lps, request, {}, {})
+    agent_served_ms, _ = best_ms(lambda: agent_graph.to_training_trace().to_json(), repeats)
+    agent_spliced_ms, agent_data = best_ms(agent_graph.trace_json, repeats)
     trace_tokens = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in trace.turns)
 
     print(
@@ -120,6 +144,10 @@ def run(n_turns: int, repeats: int) -> None:
         ("trace.to_json (orjson)", to_json_ms, None),
         ("trace.model_dump_json", dump_ms, None),
         ("TrainingTrace.from_json (orjson)", from_json_ms, None),
+        ("served trace: model + to_json", served_ms, None),
+        ("served trace: trace_json", spliced_ms, None),
+        (f"  agent requests ({len(agent_data) / 1e6:.0f} MB): model+to_json", agent_served_ms, None),
+        ("  agent requests: trace_json", agent_spliced_ms, None),
         ("TrainingTrace.model_validate_json", validate_json_ms, oe_validate_json_ms),
         ("TrainingTrace.model_validate (dicts)", validate_ms, oe_validate_ms),
     ]
@@ -143,7 +171,7 @@ def table(rows: list[tuple[str, float, float | None]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--turns", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     for n_turns in args.turns:

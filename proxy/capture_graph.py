@@ -44,7 +44,7 @@ So ingestion is O(total input tokens) and memory O(distinct tokens); the one sup
 re-rendered histories arriving out of order (tails agree, prefixes differ). Exports are
 O(nodes + output): `training_sequences` writes each path once; `to_training_trace` writes each
 node's full prompt once (the schema repeats the prompt on every turn, so its size is the sum of
-prompt lengths).
+prompt lengths); `trace_json` serialises each token segment and message once and copies bytes.
 
 Thread safety: `add_call` and the exports' O(nodes) snapshot share a lock, so an export may run in a
 worker thread while the event loop keeps adding calls.
@@ -61,6 +61,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
+
+import orjson
 
 from proxy.trace import (
     CaptureContractError,
@@ -446,6 +448,81 @@ class CaptureGraph:
                 )
             )
         return TrainingTrace.model_construct(turns=turns)
+
+    def trace_json(self) -> bytes:
+        """The bytes of ``to_training_trace().to_json()``, without building the model.
+
+        The schema repeats each turn's whole prompt and request, so the output is the sum of prompt
+        lengths; here each node's token segments, each message and each tools list is serialised once
+        and its bytes spliced into every turn that repeats it (messages shared by identity, as a session
+        stores them), so serialisation is O(distinct tokens and messages) and the rest is copying bytes.
+        """
+        ordered, role_of, nodes = self._plan()
+        parent_of: dict[str, _Node | None] = {}
+        pieces: dict[str, list[bytes]] = {}  # node id -> its prompt as JSON fragments without brackets
+        for path, _ in ordered:
+            parent = None
+            for node, ctx in path:
+                if node.node_id not in pieces:
+                    parent_of[node.node_id] = parent
+                    own = [_ids_json(ctx)] if ctx else []
+                    if parent is not None:
+                        own = [*pieces[parent.node_id], *([_ids_json(parent.sampled)] if parent.sampled else []), *own]
+                    pieces[node.node_id] = own
+                parent = node
+        cached: dict[int, bytes] = {}  # id of a message or tools list -> its JSON
+
+        def cached_json(value: Any) -> bytes:
+            data = cached.get(id(value))
+            if data is None:
+                data = cached[id(value)] = orjson.dumps(value)
+            return data
+
+        out = [b'{"schema_version":1,"turns":[']
+        for node in nodes:
+            prompt = pieces[node.node_id]
+            n_prompt, k = node.prompt_len, len(node.sampled)
+            parent = parent_of[node.node_id]
+            if node.logprobs is not None:
+                logps, mask = orjson.dumps(node.logprobs), b"0," * n_prompt + b"1," * k
+            else:
+                logps, mask = b"[" + b"0.0," * k, b"0," * (n_prompt + k)
+                logps = logps[:-1] + b"]" if k else b"[]"
+            metadata = {
+                **node.metadata,
+                "index": node.index,
+                "parent_id": parent.node_id if parent is not None else None,
+                "role": role_of[node.node_id],
+            }
+            out += (
+                b'{"node_id":', orjson.dumps(node.node_id),
+                b',"prompt_token_ids":[', b",".join(prompt),
+                b'],"completion_token_ids":[', _ids_json(node.sampled) if k else b"",
+                b'],"per_token_logps":', logps,
+                b',"loss_mask":[', mask[:-1],
+                b'],"request":', _request_json(node.request, cached_json),
+                b',"response":', orjson.dumps(node.response),
+                b',"metadata":', orjson.dumps(metadata),
+                b"},",
+            )  # fmt: skip
+        if nodes:
+            out[-1] = b"}"
+        out.append(b"]}")
+        return b"".join(out)
+
+
+def _ids_json(ids: list[int]) -> bytes:
+    """A non-empty id list's JSON without its brackets (a fragment to splice)."""
+    return orjson.dumps(ids)[1:-1]
+
+
+def _request_json(request: dict[str, Any], cached_json: Callable[[Any], bytes]) -> bytes:
+    """``orjson.dumps(request)``, splicing each message's and the tools list's cached JSON when the request
+    has the proxy's shape (``{"messages": [...], "tools": [...]}``)."""
+    messages, tools = request.get("messages"), request.get("tools")
+    if list(request) != ["messages", "tools"] or type(messages) is not list or type(tools) is not list:
+        return orjson.dumps(request)
+    return b'{"messages":[' + b",".join(map(cached_json, messages)) + b'],"tools":' + cached_json(tools) + b"}"
 
 
 def _path_tokens(path: list[tuple[_Node, list[int]]]) -> list[int]:

@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import aiohttp
@@ -100,6 +101,15 @@ def extract_capture(response: dict[str, Any]) -> Capture:
         return Capture(prompt_ids, sampled_ids, None, "no logprobs returned")
     if len(content) != len(sampled_ids):
         return Capture(prompt_ids, sampled_ids, None, f"{len(content)} logprobs for {len(sampled_ids)} ids")
+    if set(map(type, content)) <= {dict}:  # vLLM's shape, checked in bulk (C loops); anything else is located below
+        values = list(map(dict.get, content, repeat("logprob")))
+        if (
+            set(map(type, values)) <= {float}
+            and math.isfinite(sum(values))
+            and max(values, default=0.0) <= 0
+            and list(map(dict.get, content, repeat("token"))) == list(map("token_id:{}".format, sampled_ids))
+        ):
+            return Capture(prompt_ids, sampled_ids, values)
     values = []
     for position, (entry, token_id) in enumerate(zip(content, sampled_ids, strict=True)):
         value = entry.get("logprob") if isinstance(entry, dict) else None

@@ -34,6 +34,7 @@ end of the stream, never a second HTTP response.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -79,6 +80,7 @@ log = logging.getLogger("proxy")
 
 BUDGET_EXHAUSTED_TEXT = "Step budget exhausted; stopping."
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+INLINE_PARSE_BYTES = 256 * 1024  # bodies up to this are parsed on the loop (a thread hop costs more than they do)
 
 
 @dataclass
@@ -338,7 +340,7 @@ class CaptureProxy:
     async def _get_trace(self, request: web.Request) -> web.Response:
         """The session's trace, built and serialised on a worker thread: a large export never stalls the loop."""
         session = self._session_or_404(request)
-        body = await asyncio.to_thread(lambda: session.graph.to_training_trace().to_json())
+        body = await asyncio.to_thread(session.graph.trace_json)
         return web.Response(body=body, content_type="application/json")
 
     async def _get_sequences(self, request: web.Request) -> web.Response:
@@ -399,16 +401,12 @@ class CaptureProxy:
             self.metrics.unauthorized += 1
             return _json(dialect.render_error(401, "unknown API key: no such session", "authentication_error"), 401)
         try:
-            body = orjson.loads(await self._read_body(request))
-            chat = dialect.parse_request(body)
-            upstream_body, requested = engine_request(
-                chat.body,
-                model=session.model,
-                policy=session.policy,
-                max_output_tokens=session.config.max_output_tokens,
-                stream=chat.stream,
-            )
-            payload = dumps_bounded(upstream_body)  # the engine request's one serialisation, nesting bounded
+            data = await self._read_body(request)
+            translate = functools.partial(_translate, data, dialect, session)
+            if len(data) > INLINE_PARSE_BYTES:  # a large body is parsed on a worker thread: the loop serves others
+                chat, upstream_body, requested, payload = await asyncio.to_thread(translate)
+            else:
+                chat, upstream_body, requested, payload = translate()
         except _BodyError as exc:
             return self._client_error(session, dialect, exc.status, str(exc), None)
         except orjson.JSONDecodeError as exc:
@@ -590,6 +588,21 @@ def _joined_deltas(deltas: Iterable[dict[str, str]]) -> list[dict[str, str]]:
             else:
                 out.append({key: text})
     return out
+
+
+def _translate(
+    data: bytes, dialect: ModuleType, session: Session
+) -> tuple[ChatRequest, dict[str, Any], dict[str, Any], bytes]:
+    """``(chat, engine body, requested sampling, engine payload)`` of a request body; raises what it refuses."""
+    chat = dialect.parse_request(orjson.loads(data))
+    upstream_body, requested = engine_request(
+        chat.body,
+        model=session.model,
+        policy=session.policy,
+        max_output_tokens=session.config.max_output_tokens,
+        stream=chat.stream,
+    )
+    return chat, upstream_body, requested, dumps_bounded(upstream_body)  # the one serialisation, nesting bounded
 
 
 def _dialect_for(path: str) -> ModuleType:

@@ -105,6 +105,7 @@ class Session:
         self.graph = CaptureGraph()
         self.stats = SessionStats()
         self._requests: dict[str, dict[str, Any]] = {}  # node id -> its request (shared with the graph)
+        self._metadata: dict[str, Any] | None = None  # the last turn's, shared by the next turns while equal
         self._in_flight = 0
 
     def budget_exhausted(self) -> bool:
@@ -127,10 +128,17 @@ class Session:
         All or nothing: a call the graph rejects (``CaptureContractError``) is not journaled, and one
         whose journal write fails (``OSError``, e.g. a full disk) is not in the graph, so the trace
         holds a turn only if its journal record is on disk. The caller renders its reply first and
-        sends it after this returns.
+        sends it after this returns. ``request`` is ``{"messages": [...], "tools": [...]}``; the turn
+        keeps the base node's message objects and tools list where they are equal, and the previous
+        turn's metadata dict when equal, so a session holds each distinct message once.
         """
+        kept = {"messages": request["messages"], "tools": request["tools"]}  # the graph's; filled in once placed
+        if metadata == self._metadata:
+            metadata = self._metadata
+        self._metadata = metadata
 
         def journal(node_id: str, base: str | None, new_prompt_ids: list[int]) -> None:
+            shared, delta = _share_request(request, base, self._requests.get(base) if base else None)
             self.journal.append(
                 {
                     "kind": "call",
@@ -139,22 +147,23 @@ class Session:
                     "new_prompt_ids": new_prompt_ids,
                     "sampled_ids": capture.sampled_ids,
                     "logprobs": capture.logprobs,
-                    "request": _request_delta(request, base, self._requests.get(base) if base else None),
+                    "request": delta,
                     "response": response,
                     "metadata": metadata,
                 }
             )
+            kept.update(shared)
 
         node_id = self.graph.add_call(
             capture.prompt_ids,
             capture.sampled_ids,
             capture.logprobs,
-            request,
+            kept,
             response,
             metadata,
             before_commit=journal,
         )
-        self._requests[node_id] = request
+        self._requests[node_id] = kept
         self._count(capture)
         return node_id
 
@@ -307,23 +316,30 @@ def _engine_key(llm_url: str | None) -> str | None:
     return engine_base_url(llm_url) if llm_url else None
 
 
-def _request_delta(request: dict[str, Any], base_id: str | None, base: dict[str, Any] | None) -> dict[str, Any]:
-    """The journal form of ``request``: only what is new relative to the base node's request.
+def _share_request(
+    request: dict[str, Any], base_id: str | None, base: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(kept, delta)``: ``request`` reusing the base node's message objects and tools list where equal, and
+    its journal form, only what is new relative to the base node's request.
 
-    An agent resends its whole history each call, so journaling full requests
-    grows with turns x history; here a call costs its new messages only.
+    An agent resends its whole history each call, so keeping or journaling full requests grows with
+    turns x history; here a call costs its new messages only.
     """
-    messages = request["messages"]
-    if base is None or messages[: len(base["messages"])] != base["messages"]:
-        return {"base": None, "new_messages": messages, "tools": request["tools"]}
-    delta: dict[str, Any] = {"base": base_id, "new_messages": messages[len(base["messages"]) :]}
-    if request["tools"] != base["tools"]:
-        delta["tools"] = request["tools"]
-    return delta
+    messages, tools = request["messages"], request["tools"]
+    n = len(base["messages"]) if base is not None else 0
+    if base is None or messages[:n] != base["messages"]:
+        return request, {"base": None, "new_messages": messages, "tools": tools}
+    new = messages[n:]
+    delta: dict[str, Any] = {"base": base_id, "new_messages": new}
+    if tools == base["tools"]:
+        tools = base["tools"]
+    else:
+        delta["tools"] = tools
+    return {"messages": base["messages"] + new, "tools": tools}, delta
 
 
 def _request_from_delta(delta: dict[str, Any], requests: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Invert ``_request_delta`` given the requests of earlier nodes."""
+    """Invert ``_share_request``'s delta given the requests of earlier nodes (sharing their objects too)."""
     base = requests[delta["base"]] if delta["base"] is not None else None
     if base is None:
         return {"messages": delta["new_messages"], "tools": delta["tools"]}

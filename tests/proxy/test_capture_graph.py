@@ -522,3 +522,41 @@ def test_sequences_from_trace_matches_graph_and_keeps_partial_masks() -> None:
     path = next(s for s in partial if s.token_ids[:2] == [10, 11])
     assert path.loss_mask == [0, 0, 1, 0, 1, 0, 1, 1]
     assert path.logprobs == [0.0, 0.0, -0.1, 0.0, -0.3, 0.0, -0.4, -0.5]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_trace_json_is_the_bytes_of_the_model_serialised(seed: int) -> None:
+    """Random graphs (branches, retries, re-renders, out-of-order arrival, calls without logprobs, empty
+    completions, requests of the proxy's shape with shared messages and of other shapes)."""
+    rng = random.Random(seed)
+    shared = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    requests = [TOOLS, NO_TOOLS, {"messages": shared, "tools": []}, {"messages": [*shared, shared[0]], "tools": []}]
+    requests.append({"tools": [], "messages": shared, "extra": 1})  # not the proxy's shape
+    calls = [c._replace(request=rng.choice(requests)) for c in _random_session(rng, 25)]
+    graph = _build(rng.sample(calls, len(calls)))
+    assert graph.trace_json() == graph.to_training_trace().to_json()
+    assert CaptureGraph().trace_json() == CaptureGraph().to_training_trace().to_json()
+
+
+def test_trace_json_serialises_each_token_and_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 128-turn agent chat: the served trace repeats every prompt and history (O(turns x history) bytes),
+    but what orjson serialises is each node's new tokens, messages and dicts, a small fraction of it."""
+    serialised = 0
+
+    def counting_dumps(value: Any) -> bytes:
+        nonlocal serialised
+        data = orjson.dumps(value)
+        serialised += len(data)
+        return data
+
+    rng = random.Random(0)
+    graph, prompt, history = CaptureGraph(), SYSTEM * 50, [{"role": "system", "content": "x" * 4000}]
+    for turn in range(128):
+        history.append({"role": "tool", "content": f"result {turn}"})
+        sampled = [rng.randrange(32000) for _ in range(50)]
+        graph.add_call(prompt, sampled, _lps(sampled), {"messages": list(history), "tools": []}, {}, {})
+        prompt = prompt + sampled + [rng.randrange(32000) for _ in range(150)]
+    monkeypatch.setattr(capture_graph, "orjson", type("Counting", (), {"dumps": staticmethod(counting_dumps)}))
+    data = graph.trace_json()
+    assert len(data) > 10_000_000
+    assert serialised < len(data) / 20

@@ -8,17 +8,19 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
 import proxy.server as server_module
+from proxy.capture_graph import CaptureGraph
 from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.server import BUDGET_EXHAUSTED_TEXT as BUDGET_TEXT
-from proxy.trace import TrainingTrace
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
 from tests.support.processes import ReadyProcess
 from tests.support.wait import until
@@ -330,18 +332,18 @@ def test_exports_build_and_serialise_off_the_event_loop(tmp_path: Path, monkeypa
     """A trace or sequence export (hundreds of MB for a long session) never runs on the loop that serves
     every other session: building and serialising both happen on a worker thread."""
     threads: dict[str, threading.Thread] = {}
-    to_json, dumps = TrainingTrace.to_json, server_module.orjson.dumps
+    trace_json, dumps = CaptureGraph.trace_json, server_module.orjson.dumps
 
-    def recording_to_json(trace: TrainingTrace) -> bytes:
+    def recording_trace_json(graph: CaptureGraph) -> bytes:
         threads["trace"] = threading.current_thread()
-        return to_json(trace)
+        return trace_json(graph)
 
     def recording_dumps(value: Any, *args: Any, **kwargs: Any) -> bytes:
         if isinstance(value, dict) and "sequences" in value:
             threads["sequences"] = threading.current_thread()
         return dumps(value, *args, **kwargs)
 
-    monkeypatch.setattr(TrainingTrace, "to_json", recording_to_json)
+    monkeypatch.setattr(CaptureGraph, "trace_json", recording_trace_json)
     monkeypatch.setattr(server_module.orjson, "dumps", recording_dumps)
 
     async def body(stack: Stack) -> None:
@@ -352,5 +354,52 @@ def test_exports_build_and_serialise_off_the_event_loop(tmp_path: Path, monkeypa
         assert len(await stack.sequences(key)) == 1
         assert set(threads) == {"trace", "sequences"}
         assert all(thread is not loop_thread for thread in threads.values())
+
+    run_stack(body, tmp_path)
+
+
+def test_a_large_request_is_parsed_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 8 MB request (20,000 Anthropic messages of 8 text blocks) is parsed and translated on a worker
+    thread, a small one inline; while the large one is parsed (then answered by the spent call budget, so
+    the engine is not involved), requests to the same proxy keep being answered: the longest wait for one
+    is well under the large request's time (inline it was nearly all of it; what is left is orjson's
+    parse, which holds the GIL)."""
+    threads: list[threading.Thread] = []
+    translate = server_module._translate
+
+    def recording_translate(*args: Any) -> Any:
+        threads.append(threading.current_thread())
+        return translate(*args)
+
+    monkeypatch.setattr(server_module, "_translate", recording_translate)
+    blocks = [{"type": "text", "text": "x" * 20}] * 8
+    messages = [{"role": "user", "content": blocks}, {"role": "assistant", "content": blocks}] * 10_000
+    messages.append({"role": "user", "content": "?"})
+    payload = orjson.dumps({"model": "any", "max_tokens": 16, "messages": messages})
+    assert len(payload) > server_module.INLINE_PARSE_BYTES
+
+    async def body(stack: Stack) -> None:
+        key = await stack.create_session(purpose="train", sampling={"temperature": 1.0}, max_model_calls=1)
+        await agent_turns(stack, key, 1)
+        loop_thread = threading.current_thread()
+        assert threads == [loop_thread]
+        headers = {"x-api-key": key, "Content-Type": "application/json"}
+
+        async def large() -> float:
+            started = time.perf_counter()
+            async with stack.http.post(f"{stack.url}/v1/messages", data=payload, headers=headers) as resp:
+                assert resp.status == 200 and BUDGET_TEXT in (await resp.text())
+            return time.perf_counter() - started
+
+        task = asyncio.ensure_future(large())
+        waits = []
+        while not task.done():
+            started = time.perf_counter()
+            async with stack.http.get(f"{stack.url}/health") as resp:
+                assert resp.status == 200
+            waits.append(time.perf_counter() - started)
+        elapsed = await task
+        assert len(threads) == 2 and threads[1] is not loop_thread
+        assert max(waits) < elapsed * 0.6, f"a small request waited {max(waits):.3f} s of the large one's {elapsed:.3f}"
 
     run_stack(body, tmp_path)

@@ -33,6 +33,7 @@ from tests.proxy.wire import (
     stream_outcome,
     valid_body,
 )
+from tests.support.counting import python_steps
 from tests.support.wait import until
 
 
@@ -531,3 +532,40 @@ def test_extract_capture_takes_what_vllm_sends() -> None:
     capture = extract_capture(_completion(content=None, tool_calls=calls, reasoning_content="r", refusal=None))
     assert capture.prompt_ids == [1, 2] and capture.sampled_ids == [3] and capture.logprobs is None
     extract_capture(_completion(content="x", annotations=[{"type": "url"}]))  # a field no dialect reads
+
+
+def _sampled(n: int, **entry: Any) -> dict[str, Any]:
+    """A vLLM reply with ``n`` sampled ids and their logprob entries (``entry`` overrides entry 1's fields)."""
+    content = [{"token": f"token_id:{10 + i}", "logprob": -0.5, "bytes": [], "top_logprobs": []} for i in range(n)]
+    content[1].update(entry)
+    reply = _completion(content="x")
+    reply["choices"][0].update(token_ids=list(range(10, 10 + n)), logprobs={"content": content})
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("entry", "logprobs", "note"),
+    [
+        ({}, [-0.5] * 3, None),
+        ({"logprob": -1}, [-0.5, -1.0, -0.5], None),  # an int, coerced
+        ({"token": "hello"}, [-0.5] * 3, None),  # a text token: nothing to compare its id with
+        ({"logprob": float("nan")}, None, "unusable logprob at 1"),
+        ({"logprob": 0.5}, None, "unusable logprob at 1"),
+        ({"logprob": None}, None, "unusable logprob at 1"),
+        ({"token": "token_id:99"}, None, "logprob ids shifted at 1"),
+    ],
+)
+def test_extract_capture_keeps_or_voids_logprobs_per_position(
+    entry: dict[str, Any], logprobs: list[float] | None, note: str | None
+) -> None:
+    capture = extract_capture(_sampled(3, **entry))
+    assert (capture.logprobs, capture.logprob_note) == (logprobs, note)
+
+
+def test_extract_capture_checks_vllm_logprobs_in_bulk() -> None:
+    """Python work per call does not grow with the completion: 2,000 sampled ids cost what 20 do."""
+    small, large = _sampled(20), _sampled(2000)
+    _, small_steps = python_steps(lambda: extract_capture(small))
+    capture, large_steps = python_steps(lambda: extract_capture(large))
+    assert capture.logprobs == [-0.5] * 2000
+    assert large_steps < small_steps + 20
