@@ -1,6 +1,7 @@
 """The engine's HTTP server: vLLM's OpenAI routes plus the weight-sync control routes.
 
 Contract. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``POST /tokenize``, ``POST /detokenize``,
 ``GET /v1/models`` (``max_model_len``, ``weight_version``, and ``owned_by:
 "harness-grpo"``, which tells this engine from vLLM), ``GET /health``
 (``weight_version``, ``paused``), ``POST /pause?mode=keep|wait``,
@@ -25,6 +26,11 @@ client gets fewer, larger chunks, not a slower engine). A failure or the
 pauses the stream; it resumes with the engine. ``/v1/completions`` does not
 stream.
 
+Tokens. ``/tokenize`` and ``/detokenize`` are vLLM's; a chat is
+rendered by the same ``EmbeddedEngine.render_chat`` call as the chat route, so
+``/tokenize`` of a chat request's messages, tools and ``chat_template_kwargs``
+is that request's ``prompt_token_ids``.
+
 ``EngineServer`` starts and stops the app on a running loop (the trainer runs
 it on its service loop); ``ServerThread`` runs it on a background thread with
 its own loop, for tests and scripts. Neither starts or stops the engine itself.
@@ -46,7 +52,14 @@ from aiohttp import web
 from harness_grpo.engine.embedded import EmbeddedEngine
 from harness_grpo.engine.errors import EngineError, bad_request, error_body
 from harness_grpo.engine.generator import Completion
-from harness_grpo.engine.requests import ChatRequest, parse_chat, parse_completion
+from harness_grpo.engine.requests import (
+    ChatRequest,
+    TokenizeText,
+    parse_chat,
+    parse_completion,
+    parse_detokenize,
+    parse_tokenize,
+)
 from harness_grpo.engine.responses import chat_response, completion_response
 from harness_grpo.engine.sampling import SamplingParams
 from harness_grpo.engine.streaming import SSE_DONE, ChatStream, Token, sse
@@ -228,6 +241,39 @@ async def completions(request: web.Request) -> web.Response:
     )
 
 
+async def tokenize(request: web.Request) -> web.Response:
+    """``POST /tokenize`` (vLLM): a chat rendered as the chat route renders it, or a text ``prompt``."""
+    engine = _engine(request)
+    req = parse_tokenize(await _json_body(request))
+    _check_model(engine, req.model)
+    if isinstance(req, TokenizeText):
+        token_ids = await _in_executor(engine.encode, req.prompt, req.add_special_tokens)
+    else:
+        render = functools.partial(
+            engine.render_chat,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            add_special_tokens=req.add_special_tokens,
+        )
+        token_ids = await _in_executor(render, req.messages, req.tools, req.chat_template_kwargs)
+    return _json(
+        {
+            "count": len(token_ids),
+            "max_model_len": engine.max_model_len,
+            "tokens": token_ids,
+            "token_strs": engine.token_strs(token_ids) if req.return_token_strs else None,
+        }
+    )
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """``POST /detokenize`` (vLLM): the text of ``tokens``, special tokens kept."""
+    engine = _engine(request)
+    model, token_ids = parse_detokenize(await _json_body(request), engine.vocab_size)
+    _check_model(engine, model)
+    return _json({"prompt": await _in_executor(engine.detokenize, token_ids)})
+
+
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models``."""
     engine = _engine(request)
@@ -300,6 +346,8 @@ def build_app(
     app[SETTINGS_KEY] = {"request_timeout_s": request_timeout_s, "control_timeout_s": control_timeout_s}
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/is_paused", is_paused)
