@@ -15,7 +15,9 @@ the distribution is unchanged). Other unknown fields are ignored, as vLLM
 does. ``Options.sampling_params`` applies the context check
 once the prompt length is known.
 
-``parse_tokenize`` reads vLLM's
+``parse_chat_tokens`` is a chat body plus ``tokens``, the prompt ids to sample
+from (prime-rl's ``/v1/chat/completions/tokens``): a non-empty list of ids in
+the vocabulary, checked before anything else. ``parse_tokenize`` reads vLLM's
 ``TokenizeChatRequest`` (``messages``: ``add_generation_prompt`` default true,
 ``continue_final_message``, ``add_special_tokens`` default false, never the
 first two together) or ``TokenizeCompletionRequest`` (``prompt``:
@@ -375,6 +377,12 @@ def parse_completion(body: dict[str, Any], vocab_size: int) -> CompletionRequest
         prompt=prompt,
         options=replace(options, top_logprobs=_top_logprobs(_integer(body, "logprobs"), "logprobs")),
     )
+
+
+def parse_chat_tokens(body: dict[str, Any], vocab_size: int) -> tuple[ChatRequest, list[int]]:
+    """Validate a ``/v1/chat/completions/tokens`` body: ``(the chat request, the prompt ids to sample from)``."""
+    tokens = _token_ids(body, "tokens", vocab_size, non_empty=True)
+    return parse_chat(body), tokens
 
 
 def parse_tokenize(body: dict[str, Any]) -> TokenizeChat | TokenizeText:

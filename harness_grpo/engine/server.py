@@ -1,6 +1,7 @@
 """The engine's HTTP server: vLLM's OpenAI routes plus the weight-sync control routes.
 
-Contract. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+Contract. Routes: ``POST /v1/chat/completions``,
+``POST /v1/chat/completions/tokens``, ``POST /v1/completions``,
 ``POST /tokenize``, ``POST /detokenize``,
 ``GET /v1/models`` (``max_model_len``, ``weight_version``, and ``owned_by:
 "harness-grpo"``, which tells this engine from vLLM), ``GET /health``
@@ -26,7 +27,11 @@ client gets fewer, larger chunks, not a slower engine). A failure or the
 pauses the stream; it resumes with the engine. ``/v1/completions`` does not
 stream.
 
-Tokens. ``/tokenize`` and ``/detokenize`` are vLLM's; a chat is
+Token in. ``/v1/chat/completions/tokens`` is prime-rl's route on vLLM: a chat
+request plus ``tokens``, the prompt ids, sampled from exactly as given (the
+messages are validated, never rendered) and answered exactly as
+``/v1/chat/completions`` answers (tool calls parsed, streaming, ``prompt_token_ids``
+== ``tokens``). ``/tokenize`` and ``/detokenize`` are vLLM's; a chat is
 rendered by the same ``EmbeddedEngine.render_chat`` call as the chat route, so
 ``/tokenize`` of a chat request's messages, tools and ``chat_template_kwargs``
 is that request's ``prompt_token_ids``.
@@ -56,6 +61,7 @@ from harness_grpo.engine.requests import (
     ChatRequest,
     TokenizeText,
     parse_chat,
+    parse_chat_tokens,
     parse_completion,
     parse_detokenize,
     parse_tokenize,
@@ -206,7 +212,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     chat = parse_chat(await _json_body(request))
     _check_model(engine, chat.model)
     prompt_ids = await _in_executor(engine.render_chat, chat.messages, chat.tools, chat.chat_template_kwargs)
-    params = chat.options.sampling_params(len(prompt_ids), engine.max_model_len, "messages")
+    return await _answer_chat(request, chat, prompt_ids, "messages")
+
+
+async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions/tokens``: a chat request sampled from its ``tokens``, never a rendering."""
+    engine = _engine(request)
+    chat, prompt_ids = parse_chat_tokens(await _json_body(request), engine.vocab_size)
+    _check_model(engine, chat.model)
+    return await _answer_chat(request, chat, prompt_ids, "tokens")
+
+
+async def _answer_chat(
+    request: web.Request, chat: ChatRequest, prompt_ids: list[int], prompt_field: str
+) -> web.StreamResponse:
+    """Sample ``chat`` from ``prompt_ids`` and answer it, streamed or not; a 400 names ``prompt_field`` if too long."""
+    engine = _engine(request)
+    params = chat.options.sampling_params(len(prompt_ids), engine.max_model_len, prompt_field)
     if chat.stream:
         return await _stream_chat(request, chat, prompt_ids, params)
     completion = await _generate(request, prompt_ids, params)
@@ -345,6 +367,7 @@ def build_app(
     app[ENGINE_KEY] = engine
     app[SETTINGS_KEY] = {"request_timeout_s": request_timeout_s, "control_timeout_s": control_timeout_s}
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions/tokens", chat_completions_tokens)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
