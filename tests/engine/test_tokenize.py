@@ -134,3 +134,24 @@ def test_add_special_tokens_defaults_as_vllm(bos_http, tokenizer):
     assert _tokenize(bos_http, prompt="hi", add_special_tokens=False)["tokens"] == tokenizer.encode("hi")
     assert _tokenize(bos_http, messages=messages)["tokens"] == rendered
     assert _tokenize(bos_http, messages=messages, add_special_tokens=True)["tokens"] == [bos, *rendered]
+
+
+def test_past_reasoning_is_dropped_before_the_last_user_turn(http):
+    """What the proxy must know: the tiny (Qwen3-style) template keeps an assistant turn's reasoning only after
+    the last user message. In a tool loop the sampled ``<think>`` block re-renders; once a new user turn
+    arrives, every earlier turn's reasoning disappears from the rendering (so the rendered history stops
+    being a prefix of what was sampled). Reasoning in ``reasoning_content`` and inline in ``content`` alike."""
+    call = _call("bash", '{"command": "pytest"}')
+    for turn in (
+        {"role": "assistant", "reasoning_content": "Tests first.", "content": "", "tool_calls": [call]},
+        {"role": "assistant", "content": "<think>\nTests first.\n</think>\n\n", "tool_calls": [call]},
+    ):
+        loop = [USER, turn, {"role": "tool", "tool_call_id": "call_1", "content": "3 passed"}]
+        sampled_turn = (
+            '<|im_start|>assistant\n<think>\nTests first.\n</think>\n\n<tool_call>\n{"name": "bash", '
+            '"arguments": {"command": "pytest"}}\n</tool_call><|im_end|>\n'
+        )
+        assert sampled_turn in _text(http, _tokenize(http, messages=loop, tools=[BASH])["tokens"])
+        next_query = _text(http, _tokenize(http, messages=[*loop, {"role": "user", "content": "Now lint."}])["tokens"])
+        assert "<think>" not in next_query
+        assert sampled_turn.replace("<think>\nTests first.\n</think>\n\n", "") in next_query
