@@ -34,7 +34,10 @@ messages are validated, never rendered) and answered exactly as
 == ``tokens``). ``/tokenize`` and ``/detokenize`` are vLLM's; a chat is
 rendered by the same ``EmbeddedEngine.render_chat`` call as the chat route, so
 ``/tokenize`` of a chat request's messages, tools and ``chat_template_kwargs``
-is that request's ``prompt_token_ids``.
+is that request's ``prompt_token_ids``. Discovery: ``POST
+/v1/chat/completions/tokens`` with ``{}`` answers 400 (``param: "tokens"``)
+where the route exists and 404 where it does not (plain vLLM), with no
+generation either way.
 
 ``EngineServer`` starts and stops the app on a running loop (the trainer runs
 it on its service loop); ``ServerThread`` runs it on a background thread with

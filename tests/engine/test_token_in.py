@@ -3,11 +3,14 @@ route answers."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
+from bench.fake_vllm import FakeVLLM
 from harness_grpo.tiny_model import SERVED_MODEL_NAME
 from tests.engine.conftest import Http
 from tests.engine.streams import assemble, chunks_of, expected, stream_events, without_call_ids
@@ -93,3 +96,28 @@ def test_a_tool_call_parses_as_from_the_chat(warm_served):
     assert got["choices"][0]["message"]["tool_calls"][0]["id"] != want["choices"][0]["message"]["tool_calls"][0]["id"]
     streamed = assemble(chunks_of(stream_events(http, {**body, "tokens": want["prompt_token_ids"]}, TOKENS)))
     assert without_call_ids(streamed) == without_call_ids({**expected(want), "usage": None})
+
+
+async def _probe(base_url: str) -> int:
+    """The proxy's capability probe: the status of an empty body sent to the token-in route."""
+    async with aiohttp.ClientSession() as session, session.post(base_url + TOKENS, json={}) as resp:
+        return resp.status
+
+
+def test_probe_tells_an_engine_with_the_route_from_one_without(http, engine):
+    """An empty body is a 400 on ``tokens`` here, with nothing generated; a 404 where the route is missing."""
+    before = engine.stats.generated_tokens
+    status, data = http.post(TOKENS, {})
+    assert status == 400 and data["error"]["param"] == "tokens"
+    assert asyncio.run(_probe(http.base_url)) == 400
+    assert engine.stats.generated_tokens == before
+
+    async def probe_route_less_engine() -> int:
+        fake = FakeVLLM()  # vLLM's chat routes without prime-rl's token-in route
+        port = await fake.start()
+        try:
+            return await _probe(f"http://127.0.0.1:{port}")
+        finally:
+            await fake.stop()
+
+    assert asyncio.run(probe_route_less_engine()) == 404
