@@ -2,7 +2,8 @@
 
 ``EmbeddedEngine`` loads a model and runs the compute thread (``generator``);
 ``server`` exposes it over HTTP (``EngineServer``, ``ServerThread``), streaming
-chat completions as vLLM does (``streaming``);
+chat completions as vLLM does (``streaming``), with vLLM's ``/tokenize`` and
+prime-rl's token-in chat route (``/v1/chat/completions/tokens``);
 ``python -m harness_grpo.engine`` runs it as a process.
 """
 

@@ -135,23 +135,43 @@ class EmbeddedEngine:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[int]:
-        """Prompt ids of a chat: the chat template with the generation prompt, then encoded (400 on template errors)."""
+        """Prompt ids of a chat: the chat template, then encoded (400 on template errors).
+
+        The defaults are what ``/v1/chat/completions`` renders; ``/tokenize`` passes its own flags.
+        """
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **(chat_template_kwargs or {}),
             )
         except Exception as exc:  # jinja errors, bad kwargs: the request's fault
             raise bad_request(f"the chat template could not render the request: {exc}", "messages") from None
-        return self.encode(text)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without added special tokens (the template already has them)."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; by default no added special tokens (a rendered template already has them)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` without special tokens."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` with special tokens kept (vLLM's ``/detokenize``)."""
+        return self.tokenizer.decode(token_ids)
+
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        """The tokenizer's own string for each id (byte-level pieces such as ``"Ġx"``)."""
+        return self.tokenizer.convert_ids_to_tokens(list(token_ids))
 
     # ----- generation -------------------------------------------------------
 

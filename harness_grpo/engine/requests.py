@@ -14,6 +14,14 @@ past end-of-sequence tokens (fixed-length outputs for benchmarks and tests;
 the distribution is unchanged). Other unknown fields are ignored, as vLLM
 does. ``Options.sampling_params`` applies the context check
 once the prompt length is known.
+
+``parse_chat_tokens`` is a chat body plus ``tokens``, the prompt ids to sample
+from (prime-rl's ``/v1/chat/completions/tokens``): a non-empty list of ids in
+the vocabulary, checked before anything else. ``parse_tokenize`` reads vLLM's
+``TokenizeChatRequest`` (``messages``: ``add_generation_prompt`` default true,
+``continue_final_message``, ``add_special_tokens`` default false, never the
+first two together) or ``TokenizeCompletionRequest`` (``prompt``:
+``add_special_tokens`` default true); ``parse_detokenize`` reads ``tokens``.
 """
 
 from __future__ import annotations
@@ -118,6 +126,30 @@ class ChatRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenizeChat:
+    """A validated ``/tokenize`` body holding a chat."""
+
+    model: str | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    chat_template_kwargs: dict[str, Any]
+    add_generation_prompt: bool
+    continue_final_message: bool
+    add_special_tokens: bool
+    return_token_strs: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeText:
+    """A validated ``/tokenize`` body holding a text ``prompt``."""
+
+    model: str | None
+    prompt: str
+    add_special_tokens: bool
+    return_token_strs: bool
+
+
+@dataclass(frozen=True, slots=True)
 class CompletionRequest:
     """A validated ``/v1/completions`` body; ``prompt`` is text or token ids."""
 
@@ -146,11 +178,32 @@ def _integer(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _flag(body: dict[str, Any], key: str) -> bool:
+def _flag(body: dict[str, Any], key: str, default: bool = False) -> bool:
     value = body.get(key)
-    if value is not None and not isinstance(value, bool):
+    if value is None:
+        return default
+    if not isinstance(value, bool):
         raise _type_error(key, "a boolean")
-    return bool(value)
+    return value
+
+
+def _is_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _check_vocab(token_ids: list[int], key: str, vocab_size: int) -> None:
+    if not all(0 <= t < vocab_size for t in token_ids):
+        raise bad_request(f"{key} token ids must be in [0, {vocab_size})", key)
+
+
+def _token_ids(body: dict[str, Any], key: str, vocab_size: int, *, non_empty: bool) -> list[int]:
+    value = body.get(key)
+    if value is None:
+        raise bad_request(f"'{key}' is required", key)
+    if not _is_id_list(value) or (non_empty and not value):
+        raise _type_error(key, "a non-empty list of token ids" if non_empty else "a list of token ids")
+    _check_vocab(value, key, vocab_size)
+    return value
 
 
 def _check_neutral(body: dict[str, Any]) -> None:
@@ -248,8 +301,7 @@ def _valid_tools(tools: Any) -> bool:
     )
 
 
-def parse_chat(body: dict[str, Any]) -> ChatRequest:
-    """Validate a chat-completions body."""
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if messages is None:
         raise bad_request("'messages' is required", "messages")
@@ -261,16 +313,31 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise bad_request(f"messages[{i}].content must be a string, a list of parts, or null", "messages")
+    return messages
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     tools = body.get("tools")
     if tools is not None and not _valid_tools(tools):
         raise _type_error("tools", "a list of {'type': 'function', 'function': {'name': ...}} objects")
-    tools = tools or None
-    tool_choice = body.get("tool_choice")
-    if tool_choice not in (None, "auto", "none"):
-        raise bad_request("only tool_choice 'auto' or 'none' is supported by the embedded engine", "tool_choice")
+    return tools or None
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise _type_error("chat_template_kwargs", "an object")
+    return dict(kwargs or {})
+
+
+def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    """Validate a chat-completions body."""
+    messages = _messages(body)
+    tools = _tools(body)
+    tool_choice = body.get("tool_choice")
+    if tool_choice not in (None, "auto", "none"):
+        raise bad_request("only tool_choice 'auto' or 'none' is supported by the embedded engine", "tool_choice")
+    kwargs = _template_kwargs(body)
     options = _options(body, max_tokens_keys=("max_tokens", "max_completion_tokens"), default_max_tokens=None)
     top_logprobs = _top_logprobs(_integer(body, "top_logprobs"), "top_logprobs")
     wants_logprobs = _flag(body, "logprobs")
@@ -283,7 +350,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         messages=messages,
         tools=tools,
         parse_tool_calls=tools is not None and tool_choice != "none",
-        chat_template_kwargs=dict(kwargs or {}),
+        chat_template_kwargs=kwargs,
         options=options,
         stream=stream,
         include_usage=include_usage,
@@ -296,10 +363,9 @@ def parse_completion(body: dict[str, Any], vocab_size: int) -> CompletionRequest
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list | str):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
-        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt or not _is_id_list(prompt):
             raise _type_error("prompt", "a string or a non-empty list of token ids (one prompt)")
-        if not all(0 <= t < vocab_size for t in prompt):
-            raise bad_request(f"prompt token ids must be in [0, {vocab_size})", "prompt")
+        _check_vocab(prompt, "prompt", vocab_size)
     elif not isinstance(prompt, str) or not prompt:
         raise _type_error("prompt", "a non-empty string or a list of token ids (one prompt)")
     for key in ("stream", "stream_options"):
@@ -311,3 +377,42 @@ def parse_completion(body: dict[str, Any], vocab_size: int) -> CompletionRequest
         prompt=prompt,
         options=replace(options, top_logprobs=_top_logprobs(_integer(body, "logprobs"), "logprobs")),
     )
+
+
+def parse_chat_tokens(body: dict[str, Any], vocab_size: int) -> tuple[ChatRequest, list[int]]:
+    """Validate a ``/v1/chat/completions/tokens`` body: ``(the chat request, the prompt ids to sample from)``."""
+    tokens = _token_ids(body, "tokens", vocab_size, non_empty=True)
+    return parse_chat(body), tokens
+
+
+def parse_tokenize(body: dict[str, Any]) -> TokenizeChat | TokenizeText:
+    """Validate a ``/tokenize`` body: a chat when it has ``messages``, else a text ``prompt``."""
+    return_token_strs = _flag(body, "return_token_strs")
+    if "messages" not in body:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise _type_error("prompt", "a string (or send 'messages')")
+        return TokenizeText(_model(body), prompt, _flag(body, "add_special_tokens", True), return_token_strs)
+    if body.get("chat_template") is not None:
+        raise bad_request("'chat_template' is not supported by the embedded engine", "chat_template")
+    add_generation_prompt = _flag(body, "add_generation_prompt", True)
+    continue_final_message = _flag(body, "continue_final_message")
+    if add_generation_prompt and continue_final_message:
+        raise bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", "continue_final_message"
+        )
+    return TokenizeChat(
+        model=_model(body),
+        messages=_messages(body),
+        tools=_tools(body),
+        chat_template_kwargs=_template_kwargs(body),
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        add_special_tokens=_flag(body, "add_special_tokens"),
+        return_token_strs=return_token_strs,
+    )
+
+
+def parse_detokenize(body: dict[str, Any], vocab_size: int) -> tuple[str | None, list[int]]:
+    """Validate a ``/detokenize`` body: ``(model, tokens)``; ``tokens`` may be empty."""
+    return _model(body), _token_ids(body, "tokens", vocab_size, non_empty=False)

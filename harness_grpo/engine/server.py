@@ -1,6 +1,8 @@
 """The engine's HTTP server: vLLM's OpenAI routes plus the weight-sync control routes.
 
-Contract. Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+Contract. Routes: ``POST /v1/chat/completions``,
+``POST /v1/chat/completions/tokens``, ``POST /v1/completions``,
+``POST /tokenize``, ``POST /detokenize``,
 ``GET /v1/models`` (``max_model_len``, ``weight_version``, and ``owned_by:
 "harness-grpo"``, which tells this engine from vLLM), ``GET /health``
 (``weight_version``, ``paused``), ``POST /pause?mode=keep|wait``,
@@ -25,6 +27,18 @@ client gets fewer, larger chunks, not a slower engine). A failure or the
 pauses the stream; it resumes with the engine. ``/v1/completions`` does not
 stream.
 
+Token in. ``/v1/chat/completions/tokens`` is prime-rl's route on vLLM: a chat
+request plus ``tokens``, the prompt ids, sampled from exactly as given (the
+messages are validated, never rendered) and answered exactly as
+``/v1/chat/completions`` answers (tool calls parsed, streaming, ``prompt_token_ids``
+== ``tokens``). ``/tokenize`` and ``/detokenize`` are vLLM's; a chat is
+rendered by the same ``EmbeddedEngine.render_chat`` call as the chat route, so
+``/tokenize`` of a chat request's messages, tools and ``chat_template_kwargs``
+is that request's ``prompt_token_ids``. Discovery: ``POST
+/v1/chat/completions/tokens`` with ``{}`` answers 400 (``param: "tokens"``)
+where the route exists and 404 where it does not (plain vLLM), with no
+generation either way.
+
 ``EngineServer`` starts and stops the app on a running loop (the trainer runs
 it on its service loop); ``ServerThread`` runs it on a background thread with
 its own loop, for tests and scripts. Neither starts or stops the engine itself.
@@ -46,7 +60,15 @@ from aiohttp import web
 from harness_grpo.engine.embedded import EmbeddedEngine
 from harness_grpo.engine.errors import EngineError, bad_request, error_body
 from harness_grpo.engine.generator import Completion
-from harness_grpo.engine.requests import ChatRequest, parse_chat, parse_completion
+from harness_grpo.engine.requests import (
+    ChatRequest,
+    TokenizeText,
+    parse_chat,
+    parse_chat_tokens,
+    parse_completion,
+    parse_detokenize,
+    parse_tokenize,
+)
 from harness_grpo.engine.responses import chat_response, completion_response
 from harness_grpo.engine.sampling import SamplingParams
 from harness_grpo.engine.streaming import SSE_DONE, ChatStream, Token, sse
@@ -193,7 +215,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     chat = parse_chat(await _json_body(request))
     _check_model(engine, chat.model)
     prompt_ids = await _in_executor(engine.render_chat, chat.messages, chat.tools, chat.chat_template_kwargs)
-    params = chat.options.sampling_params(len(prompt_ids), engine.max_model_len, "messages")
+    return await _answer_chat(request, chat, prompt_ids, "messages")
+
+
+async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions/tokens``: a chat request sampled from its ``tokens``, never a rendering."""
+    engine = _engine(request)
+    chat, prompt_ids = parse_chat_tokens(await _json_body(request), engine.vocab_size)
+    _check_model(engine, chat.model)
+    return await _answer_chat(request, chat, prompt_ids, "tokens")
+
+
+async def _answer_chat(
+    request: web.Request, chat: ChatRequest, prompt_ids: list[int], prompt_field: str
+) -> web.StreamResponse:
+    """Sample ``chat`` from ``prompt_ids`` and answer it, streamed or not; a 400 names ``prompt_field`` if too long."""
+    engine = _engine(request)
+    params = chat.options.sampling_params(len(prompt_ids), engine.max_model_len, prompt_field)
     if chat.stream:
         return await _stream_chat(request, chat, prompt_ids, params)
     completion = await _generate(request, prompt_ids, params)
@@ -226,6 +264,39 @@ async def completions(request: web.Request) -> web.Response:
             token_bytes=engine.token_bytes,
         )
     )
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """``POST /tokenize`` (vLLM): a chat rendered as the chat route renders it, or a text ``prompt``."""
+    engine = _engine(request)
+    req = parse_tokenize(await _json_body(request))
+    _check_model(engine, req.model)
+    if isinstance(req, TokenizeText):
+        token_ids = await _in_executor(engine.encode, req.prompt, req.add_special_tokens)
+    else:
+        render = functools.partial(
+            engine.render_chat,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            add_special_tokens=req.add_special_tokens,
+        )
+        token_ids = await _in_executor(render, req.messages, req.tools, req.chat_template_kwargs)
+    return _json(
+        {
+            "count": len(token_ids),
+            "max_model_len": engine.max_model_len,
+            "tokens": token_ids,
+            "token_strs": engine.token_strs(token_ids) if req.return_token_strs else None,
+        }
+    )
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """``POST /detokenize`` (vLLM): the text of ``tokens``, special tokens kept."""
+    engine = _engine(request)
+    model, token_ids = parse_detokenize(await _json_body(request), engine.vocab_size)
+    _check_model(engine, model)
+    return _json({"prompt": await _in_executor(engine.detokenize, token_ids)})
 
 
 async def models(request: web.Request) -> web.Response:
@@ -299,7 +370,10 @@ def build_app(
     app[ENGINE_KEY] = engine
     app[SETTINGS_KEY] = {"request_timeout_s": request_timeout_s, "control_timeout_s": control_timeout_s}
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions/tokens", chat_completions_tokens)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/is_paused", is_paused)

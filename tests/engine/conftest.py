@@ -147,3 +147,11 @@ def start_engine_process() -> Iterator:
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture(scope="session")
+def warm_served() -> Iterator[tuple[EmbeddedEngine, Http]]:
+    """The warm-started tiny model, which answers tool prompts with a tool call, served over HTTP."""
+    from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
+
+    yield from _serve(warm_tiny_model_path())

@@ -1,8 +1,71 @@
-"""Reading streamed chat completions back: their chunks assembled into the non-streaming response's terms."""
+"""Reading streamed chat completions back: events as they arrive, chunks assembled into the non-streaming
+response's terms."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
+
+import aiohttp
+import orjson
+
+from tests.engine.conftest import Http
+
+CHAT = "/v1/chat/completions"
+
+
+class Stream:
+    """One streamed response as it arrives: its events (JSON bodies, then ``"[DONE]"``) and their arrival times."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+        self.events: list[Any] = []
+        self.times: list[float] = []
+
+    async def next(self) -> Any:
+        """The next event (None at the end of the body)."""
+        while line := await self.resp.content.readline():
+            if line.startswith(b"data: "):
+                data = line.removeprefix(b"data: ").strip()
+                self.events.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+                self.times.append(time.monotonic())
+                return self.events[-1]
+        return None
+
+    async def rest(self) -> list[Any]:
+        while await self.next() is not None:
+            pass
+        return self.events
+
+    @property
+    def received_token_ids(self) -> list[int]:
+        choices = [e["choices"][0] for e in self.events if isinstance(e, dict) and e.get("choices")]
+        return [t for choice in choices for t in choice.get("token_ids", [])]
+
+
+async def open_stream(session: aiohttp.ClientSession, http: Http, body: dict[str, Any], path: str = CHAT) -> Stream:
+    """POST ``body`` with ``stream: true`` to ``path``; asserts a 200 event stream."""
+    resp = await session.post(http.base_url + path, data=orjson.dumps({**body, "stream": True}))
+    assert resp.status == 200, await resp.text()
+    assert resp.content_type == "text/event-stream"
+    return Stream(resp)
+
+
+def stream_events(http: Http, body: dict[str, Any], path: str = CHAT) -> list[Any]:
+    """Every event of one streamed request."""
+
+    async def run() -> list[Any]:
+        async with aiohttp.ClientSession() as session:
+            return await (await open_stream(session, http, body, path)).rest()
+
+    return asyncio.run(run())
+
+
+def chunks_of(events: list[Any]) -> list[dict[str, Any]]:
+    """The chunks of a stream that ended in exactly one ``[DONE]``."""
+    assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
+    return events[:-1]
 
 
 def assemble(chunks: list[dict[str, Any]]) -> dict[str, Any]:

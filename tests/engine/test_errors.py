@@ -8,6 +8,9 @@ from harness_grpo.tiny_model import SERVED_MODEL_NAME
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+TOKENS = "/v1/chat/completions/tokens"
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -59,6 +62,33 @@ CASES = [
     (COMPLETIONS, {"prompt": [1, 2], "echo": True}, 400, "echo"),
     (COMPLETIONS, {"prompt": [1] * 32768, "max_tokens": 1}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [1] * 32000, "max_tokens": 1000}, 400, "max_tokens"),
+    (TOKENS, _chat(), 400, "tokens"),
+    (TOKENS, _chat(tokens=[]), 400, "tokens"),
+    (TOKENS, _chat(tokens="1 2"), 400, "tokens"),
+    (TOKENS, _chat(tokens=[1, "a"]), 400, "tokens"),
+    (TOKENS, _chat(tokens=[True]), 400, "tokens"),
+    (TOKENS, _chat(tokens=[-1]), 400, "tokens"),
+    (TOKENS, _chat(tokens=[10**9]), 400, "tokens"),
+    (TOKENS, _chat(tokens=[1] * 32768, max_tokens=1), 400, "tokens"),
+    (TOKENS, _chat(tokens=[1] * 32000, max_tokens=1000), 400, "max_tokens"),
+    (TOKENS, _chat(tokens=[1], messages=[]), 400, "messages"),
+    (TOKENS, _chat(tokens=[1], n=2), 400, "n"),
+    (TOKENS, _chat(tokens=[1], stream=True, stream_options=["include_usage"]), 400, "stream_options"),
+    (TOKENS, _chat(tokens=[1], model="no/such-model"), 404, "model"),
+    (TOKENIZE, {}, 400, "prompt"),
+    (TOKENIZE, {"prompt": [1, 2]}, 400, "prompt"),
+    (TOKENIZE, {"model": "no/such-model", "prompt": "x"}, 404, "model"),
+    (TOKENIZE, {"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
+    (TOKENIZE, {"messages": []}, 400, "messages"),
+    (TOKENIZE, {"messages": MESSAGES, "tools": "bash"}, 400, "tools"),
+    (TOKENIZE, {"messages": MESSAGES, "continue_final_message": True}, 400, "continue_final_message"),
+    (TOKENIZE, {"messages": MESSAGES, "add_generation_prompt": "yes"}, 400, "add_generation_prompt"),
+    (TOKENIZE, {"messages": MESSAGES, "chat_template": "{{ messages }}"}, 400, "chat_template"),
+    (TOKENIZE, {"messages": MESSAGES, "chat_template_kwargs": {"tokenize": True}}, 400, "messages"),
+    (DETOKENIZE, {}, 400, "tokens"),
+    (DETOKENIZE, {"tokens": "abc"}, 400, "tokens"),
+    (DETOKENIZE, {"tokens": [10**9]}, 400, "tokens"),
+    (DETOKENIZE, {"model": "no/such-model", "tokens": [1]}, 404, "model"),
 ]
 
 

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
-from harness_grpo.engine import EmbeddedEngine, ServerThread
+from harness_grpo.engine import ServerThread
 from harness_grpo.tiny_model import SERVED_MODEL_NAME
 from tests.engine.conftest import Http
-from tests.engine.streams import assemble, expected, without_call_ids
+from tests.engine.streams import (
+    Stream,
+    assemble,
+    chunks_of,
+    expected,
+    open_stream,
+    stream_events,
+    without_call_ids,
+)
 from tests.support.wait import until
-
-CHAT = "/v1/chat/completions"
 
 
 def _body(content: str = "def stream():", **extra: Any) -> dict[str, Any]:
@@ -34,55 +38,6 @@ def _body(content: str = "def stream():", **extra: Any) -> dict[str, Any]:
     }
 
 
-class Stream:
-    """One streamed response as it arrives: its events (JSON bodies, then ``"[DONE]"``) and their arrival times."""
-
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self.resp = resp
-        self.events: list[Any] = []
-        self.times: list[float] = []
-
-    async def next(self) -> Any:
-        """The next event (None at the end of the body)."""
-        while line := await self.resp.content.readline():
-            if line.startswith(b"data: "):
-                data = line.removeprefix(b"data: ").strip()
-                self.events.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
-                self.times.append(time.monotonic())
-                return self.events[-1]
-        return None
-
-    async def rest(self) -> list[Any]:
-        while await self.next() is not None:
-            pass
-        return self.events
-
-    @property
-    def received_token_ids(self) -> list[int]:
-        choices = [e["choices"][0] for e in self.events if isinstance(e, dict) and e.get("choices")]
-        return [t for choice in choices for t in choice.get("token_ids", [])]
-
-
-async def _open(session: aiohttp.ClientSession, http: Http, body: dict[str, Any]) -> Stream:
-    resp = await session.post(http.base_url + CHAT, data=orjson.dumps({**body, "stream": True}))
-    assert resp.status == 200, await resp.text()
-    assert resp.content_type == "text/event-stream"
-    return Stream(resp)
-
-
-def _stream(http: Http, body: dict[str, Any]) -> list[Any]:
-    async def run() -> list[Any]:
-        async with aiohttp.ClientSession() as session:
-            return await (await _open(session, http, body)).rest()
-
-    return asyncio.run(run())
-
-
-def _chunks(events: list[Any]) -> list[dict[str, Any]]:
-    assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
-    return events[:-1]
-
-
 @pytest.mark.parametrize(
     ("content", "extra"),
     [
@@ -95,7 +50,7 @@ def _chunks(events: list[Any]) -> list[dict[str, Any]]:
 )
 def test_streamed_equals_non_streamed(http, content, extra):
     body = _body(content, **extra)
-    chunks = _chunks(_stream(http, body))
+    chunks = chunks_of(stream_events(http, body))
     want = expected(http.chat(**{k: v for k, v in body.items() if k != "stream_options"}))
     if not extra.get("stream_options", {}).get("include_usage"):
         assert all(c["choices"] for c in chunks)
@@ -108,24 +63,10 @@ def test_a_stop_string_ends_the_stream_as_it_ends_the_response(http):
     body = _body(temperature=0, max_tokens=16)
     text = http.chat(**body)["choices"][0]["message"]["content"]
     stop = text[len(text) // 2 : len(text) // 2 + 3]
-    chunks = _chunks(_stream(http, {**body, "stop": [stop]}))
+    chunks = chunks_of(stream_events(http, {**body, "stop": [stop]}))
     want = expected(http.chat(**{**body, "stop": [stop]}))
     assert want["stop_reason"] == stop
     assert assemble(chunks) == {**want, "usage": None}
-
-
-@pytest.fixture(scope="module")
-def warm_served() -> Iterator[tuple[EmbeddedEngine, Http]]:
-    """The warm-started tiny model, which answers tool prompts with a tool call."""
-    from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
-
-    engine = EmbeddedEngine(warm_tiny_model_path(), served_model_name=SERVED_MODEL_NAME).start()
-    server = ServerThread(engine)
-    try:
-        yield engine, Http(server.start())
-    finally:
-        server.stop()
-        engine.stop()
 
 
 def test_a_streamed_tool_call_equals_the_non_streamed_one(warm_served):
@@ -136,7 +77,7 @@ def test_a_streamed_tool_call_equals_the_non_streamed_one(warm_served):
     body = {**_body(max_tokens=200, temperature=0.7, seed=1), **prompt}
     want = expected(http.chat(**body))
     assert want["finish_reason"] == "tool_calls" and want["tool_calls"]
-    chunks = _chunks(_stream(http, {**body, "stream_options": {"include_usage": True}}))
+    chunks = chunks_of(stream_events(http, {**body, "stream_options": {"include_usage": True}}))
     assert without_call_ids(assemble(chunks)) == without_call_ids(want)
     token_chunks = [c for c in chunks[1:-2] if c["choices"]]
     assert len(token_chunks) > 1 and all(c["choices"][0]["delta"] == {} for c in token_chunks)
@@ -149,7 +90,7 @@ def test_first_token_arrives_long_before_the_last(fresh_served):
     async def run() -> tuple[Stream, int, float]:
         async with aiohttp.ClientSession() as session:
             start = time.monotonic()
-            stream = await _open(session, http, _body(max_tokens=n, ignore_eos=True))
+            stream = await open_stream(session, http, _body(max_tokens=n, ignore_eos=True))
             while not stream.received_token_ids:
                 assert await stream.next() is not None
             generated_at_first = engine.stats.generated_tokens
@@ -179,7 +120,7 @@ def test_client_disconnect_mid_stream_cancels_the_sequence(fresh_served, monkeyp
     async def run() -> None:
         async with aiohttp.ClientSession() as session:
             # Far more tokens than the engine decodes within the deadlines below: only the disconnect ends it.
-            stream = await _open(session, http, _body(max_tokens=32000, ignore_eos=True))
+            stream = await open_stream(session, http, _body(max_tokens=32000, ignore_eos=True))
             while len(stream.received_token_ids) < 3:
                 assert await stream.next() is not None
             stream.resp.close()  # the client goes away mid-stream
@@ -195,7 +136,7 @@ def test_pause_keep_freezes_a_stream_and_resume_finishes_it_unchanged(fresh_serv
 
     async def run() -> list[Any]:
         async with aiohttp.ClientSession() as session:
-            stream = await _open(session, http, body)
+            stream = await open_stream(session, http, body)
             while not stream.received_token_ids:
                 assert await stream.next() is not None
             await asyncio.to_thread(engine.pause, "keep")
@@ -209,7 +150,7 @@ def test_pause_keep_freezes_a_stream_and_resume_finishes_it_unchanged(fresh_serv
             engine.resume()
             return await stream.rest()
 
-    chunks = _chunks(asyncio.run(run()))
+    chunks = chunks_of(asyncio.run(run()))
     assert assemble(chunks) == {**expected(http.chat(**body)), "usage": None}
 
 
@@ -218,7 +159,7 @@ def test_an_engine_failure_mid_stream_is_an_error_event(fresh_served):
 
     async def run() -> list[Any]:
         async with aiohttp.ClientSession() as session:
-            stream = await _open(session, http, _body(max_tokens=32000, ignore_eos=True))
+            stream = await open_stream(session, http, _body(max_tokens=32000, ignore_eos=True))
             while not stream.received_token_ids:
                 assert await stream.next() is not None
             await asyncio.to_thread(engine.stop)  # in-flight requests fail with a 503
@@ -237,7 +178,7 @@ def test_a_stream_past_its_deadline_ends_in_a_timeout_event(fresh_served):
     server = ServerThread(engine, request_timeout_s=0.5)
     http = Http(server.start())
     try:
-        events = _stream(http, _body(max_tokens=32000, ignore_eos=True))
+        events = stream_events(http, _body(max_tokens=32000, ignore_eos=True))
     finally:
         server.stop()
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == 504
