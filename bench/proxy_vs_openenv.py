@@ -368,7 +368,8 @@ class Call:
 class Agent:
     user_text: str
     messages: list[dict[str, Any]]
-    key: str = ""
+    key: str = ""  # what the agent sends as its API key
+    session_id: str = ""  # what names its session on the control plane
     calls: list[Call] = field(default_factory=list)
     error: str | None = None
 
@@ -506,7 +507,8 @@ class LoadGen:
             data = await resp.json()
             if resp.status not in (200, 201):
                 raise RuntimeError(f"{self.target} POST /sessions: {resp.status} {data}")
-        agent.key = data.get("api_key") or data["session_id"]
+        agent.session_id = data["session_id"]
+        agent.key = data.get("api_key") or agent.session_id  # OpenEnv's session id is also its key
 
     async def call(self, http: aiohttp.ClientSession, agent: Agent) -> bool:
         body: dict[str, Any] = {
@@ -612,10 +614,10 @@ async def fetch_traces(url: str, target: str, admin_key: str, agents: list[Agent
 
         async def one(i: int, agent: Agent) -> None:
             if target == "ours":
-                path, field_ = f"/sessions/{agent.key}/trace", "turns"
+                path, field_ = f"/sessions/{agent.session_id}/trace", "turns"
                 headers = {"Authorization": f"Bearer {admin_key}"}
             else:
-                path, field_, headers = f"/sessions/{agent.key}/trace_entries", "entries", {}
+                path, field_, headers = f"/sessions/{agent.session_id}/trace_entries", "entries", {}
             async with sem, http.get(url + path, headers=headers) as resp:
                 data = await resp.read()
                 if resp.status != 200:

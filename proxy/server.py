@@ -1,12 +1,18 @@
 """The capture proxy's HTTP service.
 
-Agent plane (the agent's API key is its session id): ``POST /v1/chat/completions``
-(OpenAI chat), ``POST /v1/responses`` (OpenAI Responses), ``POST /v1/messages``
-and ``/v1/messages/count_tokens`` (Anthropic), ``GET /v1/models``.
-Control plane (admin key): ``POST/GET /sessions``, ``GET/DELETE /sessions/{id}``,
-``GET /sessions/{id}/trace`` (``TrainingTrace`` JSON), ``GET
-/sessions/{id}/sequences``. Open: ``GET /health``, ``GET /metrics``
-(Prometheus text).
+Agent plane (the session's API key, looked up by its hash): ``POST
+/v1/chat/completions`` (OpenAI chat), ``POST /v1/responses`` (OpenAI
+Responses), ``POST /v1/messages`` and ``/v1/messages/count_tokens``
+(Anthropic), ``GET /v1/models``.
+Control plane (admin key; sessions named by id): ``POST/GET /sessions``,
+``GET/DELETE /sessions/{id}``, ``GET /sessions/{id}/trace`` (``TrainingTrace``
+JSON), ``GET /sessions/{id}/sequences``. Open: ``GET /health``, ``GET
+/metrics`` (Prometheus text).
+
+``POST /sessions`` answers ``{"session_id", "api_key", ...}``: the id is a name
+(the caller may choose it), the key a secret the proxy mints, returns this once
+and keeps only as a hash (``proxy.sessions``). A body naming ``api_key`` is a
+400: a caller can't choose a key.
 
 One model call: authenticate, decode the body (``Content-Encoding`` identity,
 gzip, deflate, or br when ``brotli`` is installed), translate (dialect), apply
@@ -300,7 +306,7 @@ class CaptureProxy:
         except UpstreamError as exc:
             return _json(openai_chat.render_error(502, f"engine probe failed: {exc}"), 502)
         try:
-            session = self.sessions.create(config, model, session_id)
+            session, api_key = self.sessions.create(config, model, session_id)
         except (KeyError, ValueError) as exc:
             status = 409 if isinstance(exc, KeyError) else 400
             return _json(openai_chat.render_error(status, str(exc)), status)
@@ -309,7 +315,7 @@ class CaptureProxy:
             message = f"could not write the session's journal: {exc}"
             return _json(openai_chat.render_error(503, message, "api_error"), 503)
         self.metrics.sessions_created += 1
-        return _json({"session_id": session.id, "api_key": session.id, **session.describe()}, 201)
+        return _json({"session_id": session.id, "api_key": api_key, **session.describe()}, 201)
 
     async def _probe(self, client: EngineClient, model: str) -> EngineTier:
         key = (client.base_url, model)
@@ -352,13 +358,13 @@ class CaptureProxy:
         return web.Response(text=text, content_type="text/plain")
 
     async def _list_models(self, request: web.Request) -> web.Response:
-        session = self.sessions.get(_agent_key(request))
+        session = self.sessions.by_key(_agent_key(request))
         if session is None:
             return _json(openai_chat.render_error(401, "unknown API key", "authentication_error"), 401)
         return _json({"object": "list", "data": [{"id": session.model, "object": "model", "owned_by": "harness-grpo"}]})
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
-        if self.sessions.get(_agent_key(request)) is None:
+        if self.sessions.by_key(_agent_key(request)) is None:
             return _json(anthropic_messages.render_error(401, "unknown API key", "authentication_error"), 401)
         try:
             body = orjson.loads(await self._read_body(request))
@@ -389,7 +395,7 @@ class CaptureProxy:
 
     async def _model_call(self, request: web.Request, dialect: ModuleType) -> web.StreamResponse:
         self.metrics.requests += 1
-        session = self.sessions.get(_agent_key(request))
+        session = self.sessions.by_key(_agent_key(request))
         if session is None:
             self.metrics.unauthorized += 1
             return _json(dialect.render_error(401, "unknown API key: no such session", "authentication_error"), 401)
@@ -696,6 +702,8 @@ def _session_request(body: Any) -> tuple[str | None, SessionConfig]:
     session_id = body.pop("session_id", None)
     if session_id is not None and not isinstance(session_id, str):
         raise ValueError("session_id must be a string")
+    if "api_key" in body:
+        raise ValueError("api_key is minted by the proxy and returned by this call; a caller can't choose it")
     for key in ("llm_url", "model"):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise ValueError(f"{key} must be a string")
