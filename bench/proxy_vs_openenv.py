@@ -393,8 +393,8 @@ class Call:
 class Agent:
     user_text: str
     messages: list[dict[str, Any]]
-    key: str = ""
-    session_id: str = ""  # the proxy's session id (the admin plane's); older proxies: the key
+    key: str = ""  # what the agent sends as its API key
+    session_id: str = ""  # what names its session on the control plane
     calls: list[Call] = field(default_factory=list)
     error: str | None = None
 
@@ -543,8 +543,8 @@ class LoadGen:
             data = await resp.json()
             if resp.status not in (200, 201):
                 raise RuntimeError(f"{self.target} POST /sessions: {resp.status} {data}")
-        agent.key = data.get("api_key") or data["session_id"]
         agent.session_id = data["session_id"]
+        agent.key = data.get("api_key") or agent.session_id  # OpenEnv's session id is also its key
 
     async def call(self, http: aiohttp.ClientSession, agent: Agent) -> bool:
         body: dict[str, Any] = {

@@ -58,8 +58,9 @@ class RolloutContext:
 class ProxySessionLease:
     """One rollout's train session on the proxy: created with the trainer's sampling policy and budget.
 
-    ``key`` is what the model client sends as its API key; ``trace()`` is everything captured under
-    it; ``release()`` deletes the session and never raises (closing must not mask the rollout's outcome).
+    ``key`` is what the model client sends as its API key (None once released); ``session_id`` names the
+    session on the proxy's control plane; ``trace()`` is everything captured under the key; ``release()``
+    deletes the session and never raises (closing must not mask the rollout's outcome).
     """
 
     def __init__(
@@ -72,22 +73,24 @@ class ProxySessionLease:
         metadata: dict[str, Any],
     ) -> None:
         self._admin = admin
-        self.key: str | None = admin.create_session(
+        session = admin.create_session(
             purpose="train",
             sampling=sampling,
             max_model_calls=max_model_calls,
             max_output_tokens=max_output_tokens,
             metadata=metadata,
         )
+        self.session_id = session.session_id
+        self.key: str | None = session.api_key
 
     def trace(self) -> TrainingTrace:
         assert self.key is not None, "the session was released"
-        return self._admin.trace(self.key)
+        return self._admin.trace(self.session_id)
 
     def release(self) -> None:
         if self.key is not None:
             with contextlib.suppress(ProxyClientError):
-                self._admin.delete(self.key)
+                self._admin.delete(self.session_id)
             self.key = None
 
 

@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from proxy.server import CaptureProxy, ProxyConfig
+from proxy.server import CaptureProxy, ProxyConfig, connection_cap
 
 
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
@@ -34,6 +34,22 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
     p.add_argument("--max-engine-clients", type=int, default=16, help="engine URLs with an open connection pool")
     p.add_argument("--max-open-journals", type=int, default=128, help="journal descriptors held open at once")
+    p.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=60.0,
+        help="close a connection with no complete request head this long after it opened or got its last reply",
+    )
+    p.add_argument(
+        "--body-timeout-s", type=float, default=60.0, help="a request body must arrive whole within this (else 408)"
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="connections open at once; past it one is answered 503 and closed (default: the open-file limit "
+        "less --max-open-journals, the upstream pool and a reserve)",
+    )
     p.add_argument("--fsync", action="store_true", help="fsync the journal on every call (survives power loss)")
     p.add_argument("--no-probe", action="store_true", help="skip the engine tier probe at session creation")
     a = p.parse_args(argv)
@@ -53,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         max_open_journals=a.max_open_journals,
         fsync=a.fsync,
         probe_engines=not a.no_probe,
+        idle_timeout_s=a.idle_timeout_s,
+        body_timeout_s=a.body_timeout_s,
+        max_connections=a.max_connections,
     )
 
 
@@ -66,6 +85,7 @@ async def serve(config: ProxyConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     key_note = "" if config.admin_key else f" admin_key={proxy.admin_key}"
     counts = f"sessions={len(proxy.sessions)} quarantined_journals={len(proxy.sessions.quarantined)}"
+    counts += f" max_connections={connection_cap(config)}"
     print(f"proxy listening on http://{config.host}:{port} {counts}{key_note}", flush=True)
     await stop.wait()
     await proxy.stop()

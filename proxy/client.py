@@ -12,6 +12,7 @@ import http.client
 import json
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.trace import TrainingTrace
@@ -23,6 +24,15 @@ class ProxyClientError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"proxy answered {status}: {message}" if status else f"proxy unreachable: {message}")
         self.status = status
+
+
+@dataclass(frozen=True)
+class ProxySession:
+    """A session the proxy opened: ``session_id`` names it on the control plane; ``api_key`` is the secret its
+    agent sends (left out of ``repr``, so logging the handle never logs the key)."""
+
+    session_id: str
+    api_key: str = field(repr=False)
 
 
 class ProxyAdminClient:
@@ -49,9 +59,10 @@ class ProxyAdminClient:
         except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as exc:
             raise ProxyClientError(0, f"{type(exc).__name__}: {exc}") from None
 
-    def create_session(self, **config: Any) -> str:
-        """Open a session (``SessionConfig`` fields, optional ``session_id``); returns the agent's API key."""
-        return json.loads(self._call("POST", "/sessions", config))["api_key"]
+    def create_session(self, **config: Any) -> ProxySession:
+        """Open a session (``SessionConfig`` fields, optional ``session_id``); its id and its agent's API key."""
+        answer = json.loads(self._call("POST", "/sessions", config))
+        return ProxySession(answer["session_id"], answer["api_key"])
 
     def describe(self, session_id: str) -> dict[str, Any]:
         """The session's settings and stats."""

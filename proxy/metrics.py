@@ -23,6 +23,8 @@ class ProxyMetrics:
     upstream_errors: int = 0
     sessions_created: int = 0
     captured_tokens: int = 0
+    connections_refused: int = 0  # accepted past max_connections and closed at once
+    body_timeouts: int = 0
     call_latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     call_latency_sum: float = 0.0
 
@@ -31,7 +33,14 @@ class ProxyMetrics:
         self.call_latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
         self.call_latency_sum += seconds
 
-    def render(self, sessions: Iterable[Session], upstream_retries: int, *, quarantined_journals: int = 0) -> str:
+    def render(
+        self,
+        sessions: Iterable[Session],
+        upstream_retries: int,
+        *,
+        quarantined_journals: int = 0,
+        open_connections: int = 0,
+    ) -> str:
         """The Prometheus text exposition of every counter."""
         sessions = list(sessions)
         lines = []
@@ -51,6 +60,19 @@ class ProxyMetrics:
             "gauge",
             "Journals recovery could not read, moved to the quarantine directory at start.",
             quarantined_journals,
+        )
+        metric("proxy_connections_open", "gauge", "Client connections open.", open_connections)
+        metric(
+            "proxy_connections_refused_total",
+            "counter",
+            "Connections accepted past max_connections and closed at once.",
+            self.connections_refused,
+        )
+        metric(
+            "proxy_body_timeouts_total",
+            "counter",
+            "Requests whose body did not arrive within body_timeout_s (answered 408).",
+            self.body_timeouts,
         )
         metric("proxy_captured_calls_total", "counter", "Calls recorded.", sum(s.stats.calls for s in sessions))
         metric("proxy_captured_completion_tokens_total", "counter", "Sampled tokens recorded.", self.captured_tokens)

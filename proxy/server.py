@@ -1,12 +1,18 @@
 """The capture proxy's HTTP service.
 
-Agent plane (the agent's API key is its session id): ``POST /v1/chat/completions``
-(OpenAI chat), ``POST /v1/responses`` (OpenAI Responses), ``POST /v1/messages``
-and ``/v1/messages/count_tokens`` (Anthropic), ``GET /v1/models``.
-Control plane (admin key): ``POST/GET /sessions``, ``GET/DELETE /sessions/{id}``,
-``GET /sessions/{id}/trace`` (``TrainingTrace`` JSON), ``GET
-/sessions/{id}/sequences``. Open: ``GET /health``, ``GET /metrics``
-(Prometheus text).
+Agent plane (the session's API key, looked up by its hash): ``POST
+/v1/chat/completions`` (OpenAI chat), ``POST /v1/responses`` (OpenAI
+Responses), ``POST /v1/messages`` and ``/v1/messages/count_tokens``
+(Anthropic), ``GET /v1/models``.
+Control plane (admin key; sessions named by id): ``POST/GET /sessions``,
+``GET/DELETE /sessions/{id}``, ``GET /sessions/{id}/trace`` (``TrainingTrace``
+JSON), ``GET /sessions/{id}/sequences``. Open: ``GET /health``, ``GET
+/metrics`` (Prometheus text).
+
+``POST /sessions`` answers ``{"session_id", "api_key", ...}``: the id is a name
+(the caller may choose it), the key a secret the proxy mints, returns this once
+and keeps only as a hash (``proxy.sessions``). A body naming ``api_key`` is a
+400: a caller can't choose a key.
 
 One model call: authenticate, decode the body (``Content-Encoding`` identity,
 gzip, deflate, or br when ``brotli`` is installed), translate (dialect), apply
@@ -29,6 +35,21 @@ engine failure or malformed engine reply becomes an error in the agent's
 dialect and nothing is recorded. Once a stream's headers are out, every error,
 the proxy's own included, is the dialect's stream error event followed by the
 end of the stream, never a second HTTP response.
+
+Connections (``ProxyConfig``; ``python -m proxy --help``): a connection that
+sends no complete request head within ``idle_timeout_s`` of opening or of its
+last reply is closed (this is also the keep-alive timeout). A request body must
+arrive whole within ``body_timeout_s`` of the handler reading it, else the
+caller gets a 408 and the rest of the body is drained for at most
+``min(body_timeout_s, 10)`` s before the connection closes. At most
+``max_connections`` connections are open at once (default: the open-file soft
+limit less ``max_open_journals``, ``max_upstream_connections`` and
+``FD_RESERVE``, at least 16); one accepted past the cap is answered 503 and
+closed at once, so a flood can't take the descriptors journals and engine calls
+need, and connections already open (an agent's keep-alive one included) keep
+working. Refused connections are counted in ``/metrics``
+(``proxy_connections_refused_total``, with ``proxy_connections_open`` and
+``proxy_body_timeouts_total``), and logged at most once a minute.
 """
 
 from __future__ import annotations
@@ -36,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import resource
 import secrets
 import time
 import zlib
@@ -81,6 +103,8 @@ log = logging.getLogger("proxy")
 BUDGET_EXHAUSTED_TEXT = "Step budget exhausted; stopping."
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 INLINE_PARSE_BYTES = 256 * 1024  # bodies up to this are parsed on the loop (a thread hop costs more than they do)
+FD_RESERVE = 64  # descriptors kept back from connections: listening sockets, the event loop, threads, logs, ...
+REFUSAL_LOG_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -103,12 +127,30 @@ class ProxyConfig:
     max_open_journals: int = 128  # journal descriptors held open; sessions are not bounded by it
     fsync: bool = False
     probe_engines: bool = True
+    idle_timeout_s: float = 60.0  # no complete request head this long after opening or a reply: closed
+    body_timeout_s: float = 60.0  # a request body must arrive whole within this
+    max_connections: int | None = None  # None: from the open-file limit (``connection_cap``)
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK_HOSTS and not self.admin_key:
             raise ValueError(f"binding {self.host} (not loopback) requires an admin key")
         if self.max_engine_clients < 1:
             raise ValueError("max_engine_clients must be at least 1")
+        if not (self.idle_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ValueError("idle_timeout_s and body_timeout_s must be positive")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+
+
+def connection_cap(config: ProxyConfig) -> int:
+    """``config.max_connections``, or else the open-file soft limit less the journal descriptors, one engine
+    pool and ``FD_RESERVE`` (at least 16)."""
+    if config.max_connections is not None:
+        return config.max_connections
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(soft - config.max_open_journals - config.max_upstream_connections - FD_RESERVE, 16)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -171,11 +213,17 @@ class CaptureProxy:
             )
         # auto_decompress off: the proxy decodes bodies itself (_read_body), so an encoding it can't decode is
         # answered in the caller's dialect instead of by the HTTP parser in plain text, and output is bounded.
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, auto_decompress=False)
+        self._runner = web.AppRunner(
+            self.app,
+            handler_cancellation=True,
+            access_log=None,
+            auto_decompress=False,
+            keepalive_timeout=self.config.idle_timeout_s,
+            lingering_time=min(self.config.body_timeout_s, 10.0),
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        site = _CappedSite(self._runner, self.config.host, self.config.port, connection_cap(self.config), self.metrics)
+        return await site.start_serving()
 
     async def stop(self) -> None:
         """Stop serving and close upstream pools and journals."""
@@ -307,7 +355,7 @@ class CaptureProxy:
         except UpstreamError as exc:
             return _json(openai_chat.render_error(502, f"engine probe failed: {exc}"), 502)
         try:
-            session = self.sessions.create(config, model, session_id)
+            session, api_key = self.sessions.create(config, model, session_id)
         except (KeyError, ValueError) as exc:
             status = 409 if isinstance(exc, KeyError) else 400
             return _json(openai_chat.render_error(status, str(exc)), status)
@@ -316,7 +364,7 @@ class CaptureProxy:
             message = f"could not write the session's journal: {exc}"
             return _json(openai_chat.render_error(503, message, "api_error"), 503)
         self.metrics.sessions_created += 1
-        return _json({"session_id": session.id, "api_key": session.id, **session.describe()}, 201)
+        return _json({"session_id": session.id, "api_key": api_key, **session.describe()}, 201)
 
     async def _probe(self, client: EngineClient, model: str) -> EngineTier:
         key = (client.base_url, model)
@@ -353,19 +401,23 @@ class CaptureProxy:
         return _json({"status": "ok", "sessions": len(self.sessions)})
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        server = self._runner.server if self._runner is not None else None
         text = self.metrics.render(
-            self.sessions, self._engine_counters.retries, quarantined_journals=len(self.sessions.quarantined)
+            self.sessions,
+            self._engine_counters.retries,
+            quarantined_journals=len(self.sessions.quarantined),
+            open_connections=len(server.connections) if server is not None else 0,
         )
         return web.Response(text=text, content_type="text/plain")
 
     async def _list_models(self, request: web.Request) -> web.Response:
-        session = self.sessions.get(_agent_key(request))
+        session = self.sessions.by_key(_agent_key(request))
         if session is None:
             return _json(openai_chat.render_error(401, "unknown API key", "authentication_error"), 401)
         return _json({"object": "list", "data": [{"id": session.model, "object": "model", "owned_by": "harness-grpo"}]})
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
-        if self.sessions.get(_agent_key(request)) is None:
+        if self.sessions.by_key(_agent_key(request)) is None:
             return _json(anthropic_messages.render_error(401, "unknown API key", "authentication_error"), 401)
         try:
             body = orjson.loads(await self._read_body(request))
@@ -389,14 +441,18 @@ class CaptureProxy:
     async def _read_body(self, request: web.Request) -> bytes:
         """The request body decoded per ``Content-Encoding``, at most ``max_body_bytes`` either way (``_BodyError``)."""
         try:
-            data = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+            async with asyncio.timeout(self.config.body_timeout_s):
+                data = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
         except web.RequestPayloadError as exc:
             raise _BodyError(400, f"unreadable request body: {exc}") from None
+        except TimeoutError:
+            self.metrics.body_timeouts += 1
+            raise _BodyError(408, f"the request body did not arrive within {self.config.body_timeout_s} s") from None
         return _decode_body(data, request.headers.get("Content-Encoding"), self.config.max_body_bytes)
 
     async def _model_call(self, request: web.Request, dialect: ModuleType) -> web.StreamResponse:
         self.metrics.requests += 1
-        session = self.sessions.get(_agent_key(request))
+        session = self.sessions.by_key(_agent_key(request))
         if session is None:
             self.metrics.unauthorized += 1
             return _json(dialect.render_error(401, "unknown API key: no such session", "authentication_error"), 401)
@@ -556,6 +612,66 @@ class CaptureProxy:
         self.metrics.client_errors += 1
         return _json(dialect.render_error(status, message, "invalid_request_error", param=param), status)
 
+
+class _CappedSite(web.BaseSite):
+    """A TCP site that keeps at most ``cap`` connections open: one accepted past it is answered 503 and closed
+    at once (counted in ``metrics``, logged at most once per ``REFUSAL_LOG_INTERVAL_S``)."""
+
+    __slots__ = ("_cap", "_host", "_last_note", "_metrics", "_noted", "_port")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, cap: int, metrics: ProxyMetrics) -> None:
+        super().__init__(runner)
+        self._host, self._port, self._cap, self._metrics = host, port, cap, metrics
+        self._last_note = -REFUSAL_LOG_INTERVAL_S
+        self._noted = 0  # refusals already logged
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) < self._cap:
+                return server()
+            self._refused()
+            return _Refused()
+
+        self._server = await asyncio.get_running_loop().create_server(
+            protocol, self._host, self._port, backlog=self._backlog, reuse_address=True
+        )
+
+    async def start_serving(self) -> int:
+        """Start; returns the bound port."""
+        await self.start()
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    def _refused(self) -> None:
+        self._metrics.connections_refused += 1
+        now = time.monotonic()
+        if now - self._last_note >= REFUSAL_LOG_INTERVAL_S:
+            refused = self._metrics.connections_refused - self._noted
+            log.warning("connection cap (max_connections=%d) reached: %d connection(s) refused", self._cap, refused)
+            self._last_note, self._noted = now, self._metrics.connections_refused
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past the cap: a 503, then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_REFUSED_REPLY)
+        transport.close()
+
+
+_REFUSED_REPLY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: 33\r\n\r\nproxy connection limit; try again"
+)
 
 _OPEN_STREAM = web.RequestKey("open_stream", web.StreamResponse)
 """The request's SSE response once its headers are sent: errors after that go into the stream."""
@@ -766,6 +882,8 @@ def _session_request(body: Any) -> tuple[str | None, SessionConfig]:
     session_id = body.pop("session_id", None)
     if session_id is not None and not isinstance(session_id, str):
         raise ValueError("session_id must be a string")
+    if "api_key" in body:
+        raise ValueError("api_key is minted by the proxy and returned by this call; a caller can't choose it")
     for key in ("llm_url", "model"):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise ValueError(f"{key} must be a string")

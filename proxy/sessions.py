@@ -1,7 +1,15 @@
 """Sessions: keys, per-session settings, capture state, journal recovery.
 
-Contract: the API key an agent sends *is* its session id (``s`` + 24 hex, or a
-caller-chosen id matching ``SESSION_ID_RE``). A session pins its engine, its
+Contract: a session has a name and a secret. Its id (``s`` + 24 hex, or a
+caller-chosen name matching ``SESSION_ID_RE``) names it on the control plane
+and is its journal's file name; it is not a secret. Its API key, what its
+agent sends, is minted here (``mint_api_key``: 256 random bits), returned once
+by ``create`` and never stored, logged or journaled: the registry keeps only
+its SHA-256 (``key_hash``), looks sessions up by that hash, and writes it into
+the journal's session record, so a restarted proxy accepts the same keys. The
+journal directory (and ``quarantine/``) is kept at mode 0o700 and journals at
+0o600, checked when the registry opens the directory and when it recovers a
+journal: a directory owned by another user is refused. A session pins its engine, its
 purpose (``train`` pins a ``SamplingPolicy``; ``eval`` passes sampling
 through), a model-call budget and a max output length, and owns one
 ``CaptureGraph`` and one journal. ``SessionRegistry.recover()`` rebuilds every
@@ -13,10 +21,13 @@ journals, never a reason not to start.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
+import stat
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,16 +44,39 @@ log = logging.getLogger("proxy")
 
 QUARANTINE_DIR = "quarantine"  # under the journal directory: journals recovery could not read
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+KEY_HASH_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def mint_session_id() -> str:
-    """A fresh random session id / agent API key."""
+    """A fresh random session id (a name, not a secret)."""
     return "s" + secrets.token_hex(12)
+
+
+def mint_api_key() -> str:
+    """A fresh agent API key: 256 random bits, URL-safe base64 (43 characters)."""
+    return secrets.token_urlsafe(32)
+
+
+def key_hash(api_key: str) -> str:
+    """The SHA-256 of an API key, hex: the only form in which a key is kept."""
+    return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def keys_equal(given: str | None, expected: str) -> bool:
     """Constant-time key comparison."""
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def make_private(path: Path, mode: int) -> None:
+    """Take from ``path`` any permission bit ``mode`` lacks; ``PermissionError`` if another user owns it
+    (its owner could read or replace what is in it)."""
+    st = os.stat(path)
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is owned by uid {st.st_uid}, not by this proxy's user")
+    had = stat.S_IMODE(st.st_mode)
+    if had & ~mode:
+        log.warning("%s had mode %03o; set to %03o (journals are private to the proxy's user)", path, had, had & mode)
+        os.chmod(path, had & mode)
 
 
 @dataclass(frozen=True)
@@ -96,8 +130,11 @@ class SessionStats:
 class Session:
     """One agent session: settings, capture graph, journal and stats."""
 
-    def __init__(self, session_id: str, config: SessionConfig, journal: SessionJournal, model: str) -> None:
+    def __init__(
+        self, session_id: str, config: SessionConfig, journal: SessionJournal, model: str, key_hash: str
+    ) -> None:
         self.id = session_id
+        self.key_hash = key_hash  # SHA-256 of the agent's API key; the key itself is never kept
         self.config = config
         self.policy = config.policy
         self.model = model
@@ -185,15 +222,18 @@ class SessionRegistry:
     is not bounded by the open-file limit. ``recover()`` moves every ``*.jsonl`` file it can't
     rebuild a session from into ``journal_dir/quarantine/`` (listed in ``quarantined``) and
     recovers the rest; a torn last record (a crash mid-write) loses only that record.
+    ``PermissionError`` at construction: ``journal_dir`` belongs to another user.
     """
 
     def __init__(self, journal_dir: Path, *, fsync: bool = False, max_open_journals: int = 128) -> None:
         self.journal_dir = journal_dir
-        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        self.journal_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private(journal_dir, 0o700)
         self.quarantine_dir = journal_dir / QUARANTINE_DIR
         self.quarantined: list[tuple[str, str]] = []  # (file name, why) of journals recovery set aside
         self._files = JournalFiles(max_open_journals, fsync=fsync)
         self._sessions: dict[str, Session] = {}
+        self._by_key: dict[str, Session] = {}  # key_hash -> session
         self._engines: Counter[str | None] = Counter()  # engine base URL (None: the default) -> sessions
 
     def __len__(self) -> int:
@@ -203,15 +243,20 @@ class SessionRegistry:
         return iter(self._sessions.values())
 
     def get(self, session_id: str | None) -> Session | None:
-        """The session whose id equals the key, or None (dict lookup on the hashed key)."""
+        """The session named ``session_id`` (control plane), or None."""
         return self._sessions.get(session_id) if session_id else None
+
+    def by_key(self, api_key: str | None) -> Session | None:
+        """The session whose API key is ``api_key`` (agent plane), or None; looked up by the key's hash."""
+        return self._by_key.get(key_hash(api_key)) if api_key else None
 
     def uses_engine(self, base_url: str) -> bool:
         """Whether a live session pinned the engine at ``base_url`` (``engine_base_url`` form)."""
         return self._engines[base_url] > 0
 
-    def create(self, config: SessionConfig, model: str, session_id: str | None = None) -> Session:
-        """Register a session; ``session_id`` None mints one.
+    def create(self, config: SessionConfig, model: str, session_id: str | None = None) -> tuple[Session, str]:
+        """Register a session; ``session_id`` None mints one. Returns the session and its API key, which
+        exists nowhere else: the caller hands it to the agent.
 
         ``KeyError``: the id is taken (live, or a journal of that name on disk); ``ValueError``: a bad
         id or settings that can't be journaled; ``OSError``: the journal could not be written. On
@@ -222,17 +267,20 @@ class SessionRegistry:
             raise ValueError("session id must be a string matching [A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
         if session_id in self._sessions:
             raise KeyError(f"session {session_id} exists")
-        header = {"kind": "session", "id": session_id, "model": model, "config": asdict(config)}
+        api_key = mint_api_key()
+        hashed = key_hash(api_key)
+        header = {"kind": "session", "id": session_id, "key_sha256": hashed, "model": model, "config": asdict(config)}
         try:
             journal = self._files.create(self.journal_dir / f"{session_id}.jsonl", header)
         except FileExistsError:
             raise KeyError(f"session {session_id} exists (its journal is on disk)") from None
         except TypeError as exc:  # orjson: nested too deep, an integer past 64 bits, ...
             raise ValueError(f"session settings can't be journaled: {exc}") from None
-        return self._add(Session(session_id, config, journal, model))
+        return self._add(Session(session_id, config, journal, model, hashed)), api_key
 
     def _add(self, session: Session) -> Session:
         self._sessions[session.id] = session
+        self._by_key[session.key_hash] = session
         self._engines[_engine_key(session.config.llm_url)] += 1
         return session
 
@@ -241,6 +289,7 @@ class SessionRegistry:
         session = self._sessions.pop(session_id, None)
         if session is None:
             return False
+        del self._by_key[session.key_hash]
         key = _engine_key(session.config.llm_url)
         self._engines[key] -= 1
         if not self._engines[key]:
@@ -253,6 +302,7 @@ class SessionRegistry:
         for path in sorted(self.journal_dir.glob("*.jsonl")):
             try:
                 contents = read_journal(path)
+                make_private(path, 0o600)
                 session = self._replay(path, contents.records)
             except Exception as exc:  # whatever it is, it is not a journal this proxy can serve
                 self._quarantine(path, f"{type(exc).__name__}: {exc}")
@@ -266,6 +316,8 @@ class SessionRegistry:
 
     def _quarantine(self, path: Path, why: str) -> None:
         try:
+            if self.quarantine_dir.exists():
+                make_private(self.quarantine_dir, 0o700)
             moved = quarantine(path, self.quarantine_dir)
         except OSError as exc:
             log.error("journal %s can't be recovered (%s) nor quarantined (%s); skipped", path.name, why, exc)
@@ -285,8 +337,11 @@ class SessionRegistry:
             raise JournalError(f"session id {session_id!r} does not match the file name")
         if not isinstance(head.get("model"), str) or not isinstance(head.get("config"), dict):
             raise JournalError("the session record lacks a model or a config")
+        hashed = head.get("key_sha256")
+        if not isinstance(hashed, str) or not KEY_HASH_RE.fullmatch(hashed):
+            raise JournalError("the session record holds no API key hash (no agent could reach the session)")
         config = SessionConfig(**head["config"])
-        session = Session(session_id, config, self._files.journal(path), head["model"])
+        session = Session(session_id, config, self._files.journal(path), head["model"], hashed)
         ends: dict[str, list[int]] = {}  # node id -> prompt + sampled ids
         for rec in records[1:]:
             base = rec["base"]

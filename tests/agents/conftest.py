@@ -51,6 +51,7 @@ from aiohttp import web
 
 from bench.fake_vllm import MODEL, WORDS, FakeVLLM
 from harness_grpo.service_loop import ServiceLoop
+from proxy.client import ProxySession
 from proxy.engine_client import StreamAssembler
 from proxy.server import CaptureProxy, ProxyConfig
 
@@ -293,26 +294,26 @@ class AgentStack:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode(errors="replace")
 
-    def create_session(self, **body: Any) -> tuple[str, int]:
-        """Create a session; returns its key and the relay mark to read the session's engine calls from.
+    def create_session(self, **body: Any) -> tuple[ProxySession, int]:
+        """Create a session; returns it and the relay mark to read the session's engine calls from.
 
         The mark is taken after creation, so the proxy's tier probe (run at the first session's
         creation) is never counted as one of the agent's calls.
         """
         status, data = self._call("POST", "/sessions", body)
         assert status == 201, f"session creation failed: {status} {data}"
-        return data["api_key"], len(self.relay.served)
+        return ProxySession(data["session_id"], data["api_key"]), len(self.relay.served)
 
     def served_since(self, mark: int) -> list[ServedCall]:
         return list(self.relay.served[mark:])
 
-    def session(self, key: str) -> dict[str, Any]:
-        status, data = self._call("GET", f"/sessions/{key}")
+    def session(self, session_id: str) -> dict[str, Any]:
+        status, data = self._call("GET", f"/sessions/{session_id}")
         assert status == 200, data
         return data
 
-    def trace(self, key: str) -> dict[str, Any]:
-        status, data = self._call("GET", f"/sessions/{key}/trace")
+    def trace(self, session_id: str) -> dict[str, Any]:
+        status, data = self._call("GET", f"/sessions/{session_id}/trace")
         assert status == 200, data
         return data
 

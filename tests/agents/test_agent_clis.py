@@ -147,7 +147,7 @@ def _run_session(
     system_prompt: str | None = None,
 ) -> tuple[AgentRun, list[ServedCall], dict[str, Any], dict[str, Any]]:
     """Run ``agent`` on ``TASK`` in a fresh session; returns the run, the engine calls, the trace and stats."""
-    key, mark = stack.create_session(
+    session, mark = stack.create_session(
         max_model_calls=max_model_calls,
         max_output_tokens=MAX_OUTPUT_TOKENS,
         metadata={"agent": agent},
@@ -158,15 +158,15 @@ def _run_session(
         agent,
         TempDirSandbox(prefix=f"{agent}-", dir=tmp_path),  # left for the assertions; pytest removes tmp_path
         base_url=stack.url,
-        api_key=key,
+        api_key=session.api_key,
         model=AGENT_MODEL,
         task=TASK,
         timeout_s=RUN_TIMEOUT_S,
         system_prompt=system_prompt,
     )
     served = stack.served_since(mark)
-    trace = stack.trace(key)
-    stats = stack.session(key)["stats"]
+    trace = stack.trace(session.session_id)
+    stats = stack.session(session.session_id)["stats"]
     print(
         f"{agent}: {len(served)} calls captured, {stats['budget_refusals']} budget replies, "
         f"rc={run.returncode}, {run.elapsed_s:.1f}s (engine: {stack.engine.kind})"

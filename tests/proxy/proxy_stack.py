@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from bench.fake_vllm import FakeVLLM
-from proxy.client import ProxyAdminClient
+from proxy.client import ProxyAdminClient, ProxySession
 from proxy.server import CaptureProxy, ProxyConfig
 
 
@@ -41,22 +41,22 @@ class Stack:
         """For tests of the control plane's raw HTTP behaviour (auth, status codes)."""
         return {"Authorization": f"Bearer {self.admin_key}"}
 
-    async def create_session(self, **config: Any) -> str:
+    async def create_session(self, **config: Any) -> ProxySession:
         return await asyncio.to_thread(self.admin.create_session, **config)
 
-    async def describe(self, key: str) -> dict[str, Any]:
-        return await asyncio.to_thread(self.admin.describe, key)
+    async def describe(self, session_id: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.admin.describe, session_id)
 
-    async def trace(self, key: str) -> dict[str, Any]:
+    async def trace(self, session_id: str) -> dict[str, Any]:
         """The session's trace (validated by the client) as plain data."""
-        return (await asyncio.to_thread(self.admin.trace, key)).model_dump()
+        return (await asyncio.to_thread(self.admin.trace, session_id)).model_dump()
 
-    async def sequences(self, key: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.admin.sequences, key)
+    async def sequences(self, session_id: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.admin.sequences, session_id)
 
-    async def chat(self, key: str, messages: list[dict], **extra: Any) -> tuple[int, dict]:
+    async def chat(self, api_key: str, messages: list[dict], **extra: Any) -> tuple[int, dict]:
         body = {"model": "any", "messages": messages, **extra}
-        headers = {"Authorization": f"Bearer {key}"}
+        headers = {"Authorization": f"Bearer {api_key}"}
         async with self.http.post(f"{self.url}/v1/chat/completions", json=body, headers=headers) as resp:
             return resp.status, await resp.json()
 
@@ -100,12 +100,12 @@ TOOLS = [
 ]
 
 
-async def agent_turns(stack: Stack, key: str, turns: int, marker: str = "task") -> list[dict]:
+async def agent_turns(stack: Stack, api_key: str, turns: int, marker: str = "task") -> list[dict]:
     """Drive a chat-completions agent loop for ``turns`` calls; returns the engine replies as seen."""
     messages: list[dict] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": marker}]
     replies = []
     for _ in range(turns):
-        status, reply = await stack.chat(key, messages, tools=TOOLS, return_token_ids=True)
+        status, reply = await stack.chat(api_key, messages, tools=TOOLS, return_token_ids=True)
         assert status == 200, reply
         replies.append(reply)
         message = reply["choices"][0]["message"]

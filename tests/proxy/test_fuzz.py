@@ -303,8 +303,14 @@ class Tally:
 
 @dataclass
 class AgentSession:
-    key: str
+    session_id: str
+    key: str = field(repr=False)
     replied: int = 0
+
+
+async def _open(stack: Stack, **config: Any) -> AgentSession:
+    opened = await stack.create_session(**config)
+    return AgentSession(opened.session_id, opened.api_key)
 
 
 def _check_reply(route: str, reply: Reply, mutated: Mutated, *, engine_fails: bool = False) -> bool:
@@ -340,8 +346,8 @@ async def _worker(
     async def fresh() -> None:
         retired.extend(sessions)
         sessions[:] = [
-            AgentSession(await stack.create_session()),
-            AgentSession(await stack.create_session(purpose="eval")),
+            await _open(stack),
+            await _open(stack, purpose="eval"),
         ]
 
     await fresh()
@@ -374,7 +380,7 @@ async def _send(
     if _check_reply(route, reply, mutated, engine_fails=engine_fails) and route in (CHAT, RESPONSES, ANTHROPIC):
         session.replied += 1
         tally.replied += 1
-    graph = stack.proxy.sessions.get(session.key).graph
+    graph = stack.proxy.sessions.get(session.session_id).graph
     assert len(graph) == session.replied, (route, mutated.kinds, reply.status, reply.body[:300])
     return reply
 
@@ -414,7 +420,7 @@ def _engine_fault(rng: random.Random, *, stream: bool) -> tuple:
 
 async def _engine_faults(stack: Stack, rng: random.Random, tally: Tally, retired: list[AgentSession]) -> None:
     """Model calls while the engine fails, one at a time: errors in the dialect's shape, nothing recorded."""
-    session = AgentSession(await stack.create_session())
+    session = await _open(stack)
     retired.append(session)
     for _ in range(FAULTS):
         route = rng.choice([CHAT, RESPONSES, ANTHROPIC])
@@ -447,17 +453,17 @@ def test_fuzzed_requests_get_answers_in_shape_and_traces_match_replies(tmp_path:
         await _engine_faults(stack, random.Random(rng.random()), tally, retired)
         elapsed = time.monotonic() - started
         for session in retired:  # the exported traces agree with what the agents got
-            assert len((await stack.trace(session.key))["turns"]) == session.replied, session
+            assert len((await stack.trace(session.session_id))["turns"]) == session.replied, session
         copy = tmp_path / "recovered"
         shutil.copytree(journals, copy)
         registry = SessionRegistry(copy)
         registry.recover()
         for session in retired:  # and so do the journals, read back as a restarted proxy would
-            assert len(registry.get(session.key).graph) == session.replied, session
+            assert len(registry.get(session.session_id).graph) == session.replied, session
         registry.close()
-        key = await stack.create_session()  # a normal session is still exact afterwards
-        replies = await agent_turns(stack, key, 6)
-        _assert_trace_matches(await stack.trace(key), replies)
+        session = await stack.create_session()  # a normal session is still exact afterwards
+        replies = await agent_turns(stack, session.api_key, 6)
+        _assert_trace_matches(await stack.trace(session.session_id), replies)
         print(
             f"\nfuzz: seed {SEED}, {tally.requests} requests ({tally.streamed} streamed, {tally.replied} replied) "
             f"in {elapsed:.1f}s; statuses {dict(sorted(tally.statuses.items()))}; mutations {dict(tally.kinds)}"

@@ -49,16 +49,17 @@ def test_a_64_turn_session_retains_at_most_1_mb(tmp_path: Path) -> None:
     it (tracemalloc) is under 1 MB; a copy of the history per turn was ~2.6 MB."""
 
     async def body(stack: Stack) -> None:
-        await _bench_agent(stack, await stack.create_session(), 4, "warm-up")  # pools and caches
-        key = await stack.create_session()
+        await _bench_agent(stack, (await stack.create_session()).api_key, 4, "warm-up")  # pools and caches
+        session = await stack.create_session()
+        key = session.api_key
         gc.collect()
         tracemalloc.start(32)
         try:
             await _bench_agent(stack, key, TURNS, "measured")
-            assert (await stack.describe(key))["stats"]["calls"] == TURNS
+            assert (await stack.describe(session.session_id))["stats"]["calls"] == TURNS
             gc.collect()
             with_session = _proxy_bytes(tracemalloc.take_snapshot())
-            await asyncio.to_thread(stack.admin.delete, key)
+            await asyncio.to_thread(stack.admin.delete, session.session_id)
             gc.collect()
             without = _proxy_bytes(tracemalloc.take_snapshot())
         finally:

@@ -19,7 +19,7 @@ from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
 import proxy.server as server_module
 from proxy.capture_graph import CaptureGraph
-from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.client import ProxyAdminClient, ProxyClientError, ProxySession
 from proxy.server import BUDGET_EXHAUSTED_TEXT as BUDGET_TEXT
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
 from tests.support.processes import ReadyProcess
@@ -37,11 +37,11 @@ def _assert_trace_matches(trace: dict, replies: list[dict]) -> None:
 
 def test_multi_turn_capture_is_exact_and_one_path(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session(sampling={"temperature": 0.7})
-        replies = await agent_turns(stack, key, 6)
-        trace = await stack.trace(key)
+        session = await stack.create_session(sampling={"temperature": 0.7})
+        replies = await agent_turns(stack, session.api_key, 6)
+        trace = await stack.trace(session.session_id)
         _assert_trace_matches(trace, replies)
-        assert len(await stack.sequences(key)) == 1
+        assert len(await stack.sequences(session.session_id)) == 1
         for turn in trace["turns"]:
             n = len(turn["prompt_token_ids"])
             assert turn["loss_mask"][:n] == [0] * n
@@ -65,8 +65,8 @@ def test_keys_and_admin(tmp_path: Path) -> None:
         async with stack.http.post(f"{stack.url}/v1/messages", json=body, headers=headers) as resp:
             err = await resp.json()
             assert resp.status == 401 and err["type"] == "error" and err["error"]["type"] == "authentication_error"
-        key = await stack.create_session(session_id="my-run.0", purpose="eval")
-        assert key == "my-run.0"
+        session = await stack.create_session(session_id="my-run.0", purpose="eval")
+        assert session.session_id == "my-run.0" and session.api_key != session.session_id
         async with stack.http.get(f"{stack.url}/sessions", headers=stack.admin_headers) as resp:  # no client method
             assert [s["id"] for s in (await resp.json())["sessions"]] == ["my-run.0"]
 
@@ -75,20 +75,20 @@ def test_keys_and_admin(tmp_path: Path) -> None:
 
 def test_policy_refusals_and_budget(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session(max_model_calls=2)
+        session = await stack.create_session(max_model_calls=2)
         msgs = [{"role": "user", "content": "hi"}]
-        status, err = await stack.chat(key, msgs, logit_bias={"5": 10})
+        status, err = await stack.chat(session.api_key, msgs, logit_bias={"5": 10})
         assert status == 400 and "logit_bias" in err["error"]["message"]
-        status, err = await stack.chat(key, msgs, n=2)
+        status, err = await stack.chat(session.api_key, msgs, n=2)
         assert status == 400
-        status, err = await stack.chat(key, msgs, tools=TOOLS, tool_choice="required")
+        status, err = await stack.chat(session.api_key, msgs, tools=TOOLS, tool_choice="required")
         assert status == 400 and err["error"]["param"] == "tool_choice"
         for _ in range(2):
-            status, _reply = await stack.chat(key, msgs, temperature=0.1)
+            status, _reply = await stack.chat(session.api_key, msgs, temperature=0.1)
             assert status == 200
-        status, reply = await stack.chat(key, msgs)
+        status, reply = await stack.chat(session.api_key, msgs)
         assert status == 200 and reply["choices"][0]["message"]["content"] == BUDGET_TEXT
-        trace = await stack.trace(key)
+        trace = await stack.trace(session.session_id)
         assert len(trace["turns"]) == 2
         assert trace["turns"][0]["metadata"]["requested_sampling_params"] == {"temperature": 0.1}
         assert trace["turns"][0]["metadata"]["sampling_params"]["temperature"] == 1.0
@@ -98,24 +98,24 @@ def test_policy_refusals_and_budget(tmp_path: Path) -> None:
 
 def test_upstream_faults_become_dialect_errors_and_record_nothing(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         msgs = [{"role": "user", "content": "hi"}]
         stack.engine.faults = [("status", 503, 0), ("status", 429, 0), None]
-        status, _ = await stack.chat(key, msgs)
+        status, _ = await stack.chat(session.api_key, msgs)
         assert status == 200  # retried twice, honouring Retry-After: 0
         stack.engine.faults = [("status", 500)] * 4
-        status, err = await stack.chat(key, msgs)
+        status, err = await stack.chat(session.api_key, msgs)
         assert status == 502 and "injected 500" in err["error"]["message"]
         stack.engine.faults = [("status", 400)]
-        status, err = await stack.chat(key, msgs)
+        status, err = await stack.chat(session.api_key, msgs)
         assert status == 400 and "injected 400" in err["error"]["message"]
         stack.engine.faults = [("truncate",)]
-        status, err = await stack.chat(key, msgs)
+        status, err = await stack.chat(session.api_key, msgs)
         assert status == 502 and "invalid JSON" in err["error"]["message"]
         stack.engine.faults = [("no_ids",)]
-        status, err = await stack.chat(key, msgs)
+        status, err = await stack.chat(session.api_key, msgs)
         assert status == 502 and "prompt_token_ids" in err["error"]["message"]
-        trace = await stack.trace(key)
+        trace = await stack.trace(session.session_id)
         assert len(trace["turns"]) == 1
 
     run_stack(body, tmp_path)
@@ -123,46 +123,46 @@ def test_upstream_faults_become_dialect_errors_and_record_nothing(tmp_path: Path
 
 def test_upstream_timeout(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         probes = stack.engine.calls  # the proxy probes the engine when the first session is created
         stack.engine.faults = [("hold", asyncio.Event())]  # never answers: only the proxy's timeout ends the call
         # The bound is far above upstream_timeout_s: it only keeps a proxy that never times out from hanging.
         try:
-            status, err = await asyncio.wait_for(stack.chat(key, [{"role": "user", "content": "hi"}]), 60)
+            status, err = await asyncio.wait_for(stack.chat(session.api_key, [{"role": "user", "content": "hi"}]), 60)
         except TimeoutError:
             pytest.fail("the proxy waited on the engine past its 0.5 s upstream timeout")
         assert status == 504 and "timed out" in err["error"]["message"]
         await until(lambda: stack.engine.cancelled == 1, "the proxy did not drop the engine call it gave up on")
         assert stack.engine.calls == probes + 1  # upstream_retries=0: not retried
-        assert len((await stack.trace(key))["turns"]) == 0
+        assert len((await stack.trace(session.session_id))["turns"]) == 0
 
     run_stack(body, tmp_path, upstream_timeout_s=0.5, upstream_retries=0)
 
 
 def test_client_disconnect_cancels_upstream_and_records_nothing(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         probes = stack.engine.calls  # the proxy probes the engine when the first session is created
         for n, stream in enumerate((False, True), start=1):
             stack.engine.faults = [("hold", asyncio.Event())]  # never answers: only a cancellation ends the call
-            call = asyncio.create_task(stack.chat(key, [{"role": "user", "content": "hi"}], stream=stream))
+            call = asyncio.create_task(stack.chat(session.api_key, [{"role": "user", "content": "hi"}], stream=stream))
             await until(lambda n=n: stack.engine.calls == probes + n, "the call did not reach the engine")
             call.cancel()  # the agent goes away
             with pytest.raises(asyncio.CancelledError):
                 await call
             await until(lambda n=n: stack.engine.cancelled == n, "the engine call was not cancelled")
-        assert len((await stack.trace(key))["turns"]) == 0
+        assert len((await stack.trace(session.session_id))["turns"]) == 0
 
     run_stack(body, tmp_path, keepalive_s=0.1)
 
 
 def test_streaming_keepalive_and_replay(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         engine_done = asyncio.Event()
         stack.engine.faults = [("hold", engine_done)]
         payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "tools": TOOLS}
-        headers = {"Authorization": f"Bearer {key}"}
+        headers = {"Authorization": f"Bearer {session.api_key}"}
         lines: list[bytes] = []
 
         async def read_until_two_keepalives() -> None:
@@ -177,23 +177,25 @@ def test_streaming_keepalive_and_replay(tmp_path: Path) -> None:
                 await asyncio.wait_for(read_until_two_keepalives(), 30)
             except TimeoutError:
                 pytest.fail(f"fewer than two keepalives in 30 s while the engine worked: {lines}")
-            assert len((await stack.trace(key))["turns"]) == 0  # nothing recorded before the engine answered
+            assert (
+                len((await stack.trace(session.session_id))["turns"]) == 0
+            )  # nothing recorded before the engine answered
             engine_done.set()
             raw = b"".join(lines) + await resp.content.read()
         assert raw.decode().rstrip().endswith("data: [DONE]")
-        assert len((await stack.trace(key))["turns"]) == 1
+        assert len((await stack.trace(session.session_id))["turns"]) == 1
 
     run_stack(body, tmp_path, keepalive_s=0.1)
 
 
 def test_concurrent_sessions_never_mix(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        keys = [await stack.create_session() for _ in range(24)]
+        sessions = [await stack.create_session() for _ in range(24)]
         results = await asyncio.gather(
-            *(agent_turns(stack, k, 4, marker=f"task number {i}") for i, k in enumerate(keys))
+            *(agent_turns(stack, s.api_key, 4, marker=f"task number {i}") for i, s in enumerate(sessions))
         )
-        for i, (key, replies) in enumerate(zip(keys, results, strict=True)):
-            trace = await stack.trace(key)
+        for i, (session, replies) in enumerate(zip(sessions, results, strict=True)):
+            trace = await stack.trace(session.session_id)
             _assert_trace_matches(trace, replies)
             for turn in trace["turns"]:
                 assert turn["request"]["messages"][1]["content"] == f"task number {i}"
@@ -203,8 +205,8 @@ def test_concurrent_sessions_never_mix(tmp_path: Path) -> None:
 
 def test_bad_bodies_get_clear_4xx(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
-        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        session = await stack.create_session()
+        headers = {"Authorization": f"Bearer {session.api_key}", "Content-Type": "application/json"}
         url = f"{stack.url}/v1/chat/completions"
         async with stack.http.post(url, data=b"{not json", headers=headers) as resp:
             err = await resp.json()
@@ -230,35 +232,35 @@ def test_sigkill_and_restart_serves_same_traces(tmp_path: Path) -> None:
         proxy_cmd = [sys.executable, "-m", "proxy", "--engine-url", engine.match.group(1)]
         proxy_cmd += ["--journal-dir", str(tmp_path), "--port", "0", "--admin-key", "adm"]
 
-        async def drive(url: str) -> tuple[list[str], dict[str, dict]]:
+        async def drive(url: str) -> tuple[list[ProxySession], dict[str, dict]]:
             async with aiohttp.ClientSession() as http:
                 stack = Stack(None, url, http, "adm")
-                keys = [await stack.create_session() for _ in range(3)]
-                await asyncio.gather(*(agent_turns(stack, k, 3) for k in keys))
-                return keys, {k: await stack.trace(k) for k in keys}
+                sessions = [await stack.create_session() for _ in range(3)]
+                await asyncio.gather(*(agent_turns(stack, s.api_key, 3) for s in sessions))
+                return sessions, {s.session_id: await stack.trace(s.session_id) for s in sessions}
 
-        async def fetch(url: str, keys: list[str]) -> dict[str, dict]:
+        async def fetch(url: str, sessions: list[ProxySession]) -> dict[str, dict]:
             async with aiohttp.ClientSession() as http:
                 stack = Stack(None, url, http, "adm")
-                traces = {k: await stack.trace(k) for k in keys}
-                await agent_turns(stack, keys[0], 1)  # a recovered session keeps capturing
+                traces = {s.session_id: await stack.trace(s.session_id) for s in sessions}
+                await agent_turns(stack, sessions[0].api_key, 1)  # a recovered session keeps capturing
                 return traces
 
         with ReadyProcess(proxy_cmd, PROXY_READY, timeout_s=30) as proxy:
-            keys, before = asyncio.run(drive(proxy.match.group(1)))
+            sessions, before = asyncio.run(drive(proxy.match.group(1)))
             assert proxy.kill() == -signal.SIGKILL
         with ReadyProcess(proxy_cmd, PROXY_READY, timeout_s=30) as proxy:
-            assert asyncio.run(fetch(proxy.match.group(1), keys)) == before
+            assert asyncio.run(fetch(proxy.match.group(1), sessions)) == before
 
 
 def test_concurrent_calls_of_one_session_cannot_overrun_its_budget(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session(max_model_calls=2)
+        session = await stack.create_session(max_model_calls=2)
         probes = stack.engine.calls  # the proxy probes the engine when the first session is created
         engine_done = asyncio.Event()
         stack.engine.faults = [("hold", engine_done)] * 2
         msgs = [{"role": "user", "content": "hi"}]
-        calls = [asyncio.create_task(stack.chat(key, msgs)) for _ in range(5)]
+        calls = [asyncio.create_task(stack.chat(session.api_key, msgs)) for _ in range(5)]
         # While the engine holds two calls, the other three are answered by the budget, not the engine.
         await until(lambda: sum(c.done() for c in calls) == 3, "three calls were not answered while two ran")
         assert stack.engine.calls == probes + 2
@@ -269,14 +271,14 @@ def test_concurrent_calls_of_one_session_cannot_overrun_its_budget(tmp_path: Pat
         assert all(status == 200 for status, _ in replies)
         budget = [r for _, r in replies if r["choices"][0]["message"]["content"] == BUDGET_TEXT]
         assert len(budget) == 3
-        assert len((await stack.trace(key))["turns"]) == 2
+        assert len((await stack.trace(session.session_id))["turns"]) == 2
 
     run_stack(body, tmp_path)
 
 
 def test_control_plane_and_odd_bodies_get_answers_in_the_callers_dialect(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        assert await stack.create_session(session_id="s-dup") == "s-dup"
+        assert (await stack.create_session(session_id="s-dup")).session_id == "s-dup"
         with pytest.raises(ProxyClientError) as duplicate:
             await stack.create_session(session_id="s-dup")
         assert duplicate.value.status == 409 and "s-dup" in str(duplicate.value)
@@ -285,13 +287,13 @@ def test_control_plane_and_odd_bodies_get_answers_in_the_callers_dialect(tmp_pat
             with pytest.raises(ProxyClientError) as unreachable:
                 await stack.create_session(llm_url=f"http://127.0.0.1:{closed_port.getsockname()[1]}")
         assert unreachable.value.status == 502 and "engine probe failed" in str(unreachable.value)
-        key = await stack.create_session()
+        session = await stack.create_session()
         msgs = [{"role": "user", "content": "hi"}]
-        status, error = await stack.chat(key, msgs, max_tokens="5")
+        status, error = await stack.chat(session.api_key, msgs, max_tokens="5")
         assert status == 400 and error["error"]["param"] == "max_tokens"
-        status, error = await stack.chat(key, msgs, response_format="json")
+        status, error = await stack.chat(session.api_key, msgs, response_format="json")
         assert status == 400 and error["error"]["param"] == "response_format"
-        headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+        headers = {"x-api-key": session.api_key, "anthropic-version": "2023-06-01"}
         async with stack.http.post(f"{stack.url}/v1/messages/count_tokens", json=[1], headers=headers) as resp:
             error = await resp.json()
             assert resp.status == 400 and error["type"] == "error", error
@@ -301,8 +303,8 @@ def test_control_plane_and_odd_bodies_get_answers_in_the_callers_dialect(tmp_pat
 
 def test_the_proxy_model_setting_names_the_served_model(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
-        assert (await stack.describe(key))["model"] == "served-as-this"
+        session = await stack.create_session()
+        assert (await stack.describe(session.session_id))["model"] == "served-as-this"
 
     run_stack(body, tmp_path, model="served-as-this")
 
@@ -310,16 +312,17 @@ def test_the_proxy_model_setting_names_the_served_model(tmp_path: Path) -> None:
 def test_the_blocking_admin_client_covers_the_control_plane(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         client = ProxyAdminClient(stack.url, stack.admin_key, timeout_s=10)
-        key = await asyncio.to_thread(client.create_session, max_model_calls=3, metadata={"episode": 1})
-        await agent_turns(stack, key, 2)
-        described = await asyncio.to_thread(client.describe, key)
+        session = await asyncio.to_thread(client.create_session, max_model_calls=3, metadata={"episode": 1})
+        assert session.api_key not in repr(session)
+        await agent_turns(stack, session.api_key, 2)
+        described = await asyncio.to_thread(client.describe, session.session_id)
         assert described["config"]["metadata"] == {"episode": 1} and described["stats"]["calls"] == 2
-        trace = await asyncio.to_thread(client.trace, key)
-        sequences = await asyncio.to_thread(client.sequences, key)
+        trace = await asyncio.to_thread(client.trace, session.session_id)
+        sequences = await asyncio.to_thread(client.sequences, session.session_id)
         assert len(trace.turns) == 2 and len(sequences) == 1
-        await asyncio.to_thread(client.delete, key)
+        await asyncio.to_thread(client.delete, session.session_id)
         with pytest.raises(ProxyClientError) as missing:
-            await asyncio.to_thread(client.describe, key)
+            await asyncio.to_thread(client.describe, session.session_id)
         assert missing.value.status == 404
         with pytest.raises(ProxyClientError) as refused:
             await asyncio.to_thread(ProxyAdminClient(stack.url, "wrong-key", timeout_s=10).create_session)
@@ -347,11 +350,11 @@ def test_exports_build_and_serialise_off_the_event_loop(tmp_path: Path, monkeypa
     monkeypatch.setattr(server_module.orjson, "dumps", recording_dumps)
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session(purpose="train", sampling={"temperature": 1.0})
-        await agent_turns(stack, key, 3)
+        session = await stack.create_session(purpose="train", sampling={"temperature": 1.0})
+        await agent_turns(stack, session.api_key, 3)
         loop_thread = threading.current_thread()
-        assert len((await stack.trace(key))["turns"]) == 3
-        assert len(await stack.sequences(key)) == 1
+        assert len((await stack.trace(session.session_id))["turns"]) == 3
+        assert len(await stack.sequences(session.session_id)) == 1
         assert set(threads) == {"trace", "sequences"}
         assert all(thread is not loop_thread for thread in threads.values())
 
@@ -379,7 +382,8 @@ def test_a_large_request_is_parsed_off_the_event_loop(tmp_path: Path, monkeypatc
     assert len(payload) > server_module.INLINE_PARSE_BYTES
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session(purpose="train", sampling={"temperature": 1.0}, max_model_calls=1)
+        session = await stack.create_session(purpose="train", sampling={"temperature": 1.0}, max_model_calls=1)
+        key = session.api_key
         await agent_turns(stack, key, 1)
         loop_thread = threading.current_thread()
         assert threads == [loop_thread]

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from proxy.client import ProxySession
 from tests.proxy import proxy_processes as procs
 from tests.proxy.proxy_stack import Stack, agent_turns
 
@@ -54,34 +55,35 @@ def test_recovery_quarantines_what_it_cannot_read_and_recovers_the_rest(tmp_path
     journals = tmp_path / "journals"
     with procs.fake_engine() as engine:
 
-        async def drive(url: str) -> tuple[list[str], dict[str, dict]]:
+        async def drive(url: str) -> tuple[list[ProxySession], dict[str, dict]]:
             async with aiohttp.ClientSession() as http:
                 stack = Stack(None, url, http, procs.ADMIN_KEY)
-                keys = [await stack.create_session() for _ in range(GOOD)]
-                await asyncio.gather(*(agent_turns(stack, k, 3, marker=k) for k in keys))
-                return keys, {k: await stack.trace(k) for k in keys}
+                sessions = [await stack.create_session() for _ in range(GOOD)]
+                await asyncio.gather(*(agent_turns(stack, s.api_key, 3, marker=s.session_id) for s in sessions))
+                return sessions, {s.session_id: await stack.trace(s.session_id) for s in sessions}
 
-        async def fetch(url: str, keys: list[str]) -> tuple[dict[str, dict], str, list[str]]:
+        async def fetch(url: str, sessions: list[ProxySession]) -> tuple[dict[str, dict], str, list[str]]:
             async with aiohttp.ClientSession() as http:
                 stack = Stack(None, url, http, procs.ADMIN_KEY)
                 async with http.get(f"{url}/sessions", headers=stack.admin_headers) as resp:
                     listed = [s["id"] for s in (await resp.json())["sessions"]]
-                traces = {k: await stack.trace(k) for k in keys}
+                traces = {s.session_id: await stack.trace(s.session_id) for s in sessions}
                 async with http.get(f"{url}/metrics") as resp:
                     metrics = await resp.text()
-                for key in keys[:2]:  # recovered sessions keep capturing, the torn one (first) included
-                    await agent_turns(stack, key, 1, marker=key)
+                for s in sessions[:2]:  # recovered sessions keep capturing, the torn one (first) included
+                    await agent_turns(stack, s.api_key, 1, marker=s.session_id)
                 return traces, metrics, listed
 
         with procs.proxy(procs.url(engine), journals) as proxy:
-            keys, before = asyncio.run(drive(procs.url(proxy)))
+            sessions, before = asyncio.run(drive(procs.url(proxy)))
+        keys = [s.session_id for s in sessions]
         bad = _plant_bad_journals(journals, keys)
         torn = journals / f"{keys[3]}.jsonl"  # cut inside its last record: a crash mid-write
         complete = torn.read_bytes()
         cut = len(complete) - len(_lines(torn)[-1]) // 2
         torn.write_bytes(complete[:cut])
-        good = keys[3:]  # the torn one first
-        expected = {k: before[k] for k in good}
+        good = sessions[3:]  # the torn one first
+        expected = {s.session_id: before[s.session_id] for s in good}
         expected[keys[3]] = {**before[keys[3]], "turns": before[keys[3]]["turns"][:-1]}  # only the torn record lost
 
         with procs.proxy(procs.url(engine), journals) as proxy:
@@ -89,7 +91,7 @@ def test_recovery_quarantines_what_it_cannot_read_and_recovers_the_rest(tmp_path
             for name in bad:
                 assert name in proxy.text, f"the log does not say why {name} was not recovered"
             traces, metrics, listed = asyncio.run(fetch(procs.url(proxy), good))
-        assert sorted(listed) == sorted(good)
+        assert sorted(listed) == sorted(s.session_id for s in good)
         assert traces == expected
         assert f"proxy_quarantined_journals {len(bad)}" in metrics
         quarantined = journals / "quarantine"

@@ -47,12 +47,12 @@ def _with_raw(body: dict[str, Any], raw: bytes) -> bytes:
     return orjson.dumps(body).replace(b'"@RAW@"', raw)
 
 
-async def _call(stack: Stack, route: str, key: str, body: dict[str, Any] | bytes, **headers: str) -> Reply:
-    return await post(stack.http, stack.url + route, body, {**agent_headers(route, key), **headers})
+async def _call(stack: Stack, route: str, api_key: str, body: dict[str, Any] | bytes, **headers: str) -> Reply:
+    return await post(stack.http, stack.url + route, body, {**agent_headers(route, api_key), **headers})
 
 
-async def _turns(stack: Stack, key: str) -> int:
-    return len((await stack.trace(key))["turns"])
+async def _turns(stack: Stack, session_id: str) -> int:
+    return len((await stack.trace(session_id))["turns"])
 
 
 def _journal_calls(stack: Stack) -> int:
@@ -72,13 +72,17 @@ def _bad_tool_calls(completion: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_malformed_engine_reply_ends_an_open_stream_with_the_dialects_error_event(tmp_path: Path, route: str) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         stack.engine.faults = [("patch", _bad_tool_calls)]
-        frames, error = stream_outcome(route, await _call(stack, route, key, valid_body(route, stream=True)))
+        frames, error = stream_outcome(
+            route, await _call(stack, route, session.api_key, valid_body(route, stream=True))
+        )
         assert error is not None and "malformed engine response" in error["message"], frames
-        assert await _turns(stack, key) == 0 and _journal_calls(stack) == 0
-        frames, error = stream_outcome(route, await _call(stack, route, key, valid_body(route, stream=True)))
-        assert error is None and await _turns(stack, key) == 1
+        assert await _turns(stack, session.session_id) == 0 and _journal_calls(stack) == 0
+        frames, error = stream_outcome(
+            route, await _call(stack, route, session.api_key, valid_body(route, stream=True))
+        )
+        assert error is None and await _turns(stack, session.session_id) == 1
 
     run_stack(body, tmp_path)
 
@@ -88,17 +92,21 @@ def test_a_proxy_bug_after_the_stream_opened_is_an_error_event_never_a_second_re
     tmp_path: Path, route: str
 ) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
 
         def bug(*args: Any, **kwargs: Any) -> None:
             raise RuntimeError("a bug in the proxy")
 
         stack.proxy._record = bug  # type: ignore[method-assign]
-        frames, error = stream_outcome(route, await _call(stack, route, key, valid_body(route, stream=True)))
+        frames, error = stream_outcome(
+            route, await _call(stack, route, session.api_key, valid_body(route, stream=True))
+        )
         assert error is not None and "a bug in the proxy" in error["message"], frames
         del stack.proxy._record
-        assert stream_outcome(route, await _call(stack, route, key, valid_body(route, stream=True)))[1] is None
-        assert await _turns(stack, key) == 1
+        assert (
+            stream_outcome(route, await _call(stack, route, session.api_key, valid_body(route, stream=True)))[1] is None
+        )
+        assert await _turns(stack, session.session_id) == 1
 
     run_stack(body, tmp_path)
 
@@ -125,27 +133,29 @@ def test_deep_nesting_is_a_400_and_is_never_stored(tmp_path: Path, route: str, d
     writer) used to be a 500 from the engine client."""
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         for stream in (False, True):
-            reply = await _call(stack, route, key, _nested_body(route, _deep(depth), stream=stream))
+            reply = await _call(stack, route, session.api_key, _nested_body(route, _deep(depth), stream=stream))
             assert reply.status == 400, reply
             assert "nests deeper" in assert_error_shape(route, reply)["message"]
-        assert await _turns(stack, key) == 0 and _journal_calls(stack) == 0
-        assert (await _call(stack, route, key, valid_body(route))).status == 200
-        assert await _turns(stack, key) == 1
+        assert await _turns(stack, session.session_id) == 0 and _journal_calls(stack) == 0
+        assert (await _call(stack, route, session.api_key, valid_body(route))).status == 200
+        assert await _turns(stack, session.session_id) == 1
 
     run_stack(body, tmp_path)
 
 
 def test_the_nesting_bound_is_exact_and_what_it_lets_in_exports(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         # body (1) > messages (2) > message (3) > "extra": the rest of the depth
         at_bound = _nested_body(CHAT, _deep(MAX_REQUEST_DEPTH - 3))
-        reply = await _call(stack, CHAT, key, at_bound)
+        reply = await _call(stack, CHAT, session.api_key, at_bound)
         assert reply.status == 200, reply
-        assert (await _call(stack, CHAT, key, _nested_body(CHAT, _deep(MAX_REQUEST_DEPTH - 2)))).status == 400
-        assert await _turns(stack, key) == 1  # the trace of the deepest accepted request exports
+        assert (
+            await _call(stack, CHAT, session.api_key, _nested_body(CHAT, _deep(MAX_REQUEST_DEPTH - 2)))
+        ).status == 400
+        assert await _turns(stack, session.session_id) == 1  # the trace of the deepest accepted request exports
 
     run_stack(body, tmp_path)
 
@@ -183,12 +193,12 @@ def test_the_nesting_bound_is_exact_and_what_it_lets_in_exports(tmp_path: Path) 
 )
 def test_deep_nesting_the_engine_never_sees_is_refused_too(tmp_path: Path, route: str, body: dict[str, Any]) -> None:
     async def run(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         for depth in (252, 300):
             for stream in (False, True):
-                reply = await _call(stack, route, key, _with_raw({**body, "stream": stream}, _deep(depth)))
+                reply = await _call(stack, route, session.api_key, _with_raw({**body, "stream": stream}, _deep(depth)))
                 assert reply.status == 400 and "nests deeper" in assert_error_shape(route, reply)["message"]
-        assert await _turns(stack, key) == 0
+        assert await _turns(stack, session.session_id) == 0
 
     run_stack(run, tmp_path)
 
@@ -213,11 +223,11 @@ def test_dumps_bounded_is_orjson_with_an_exact_depth_bound() -> None:
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_malformed_engine_reply_records_nothing(tmp_path: Path, route: str) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         stack.engine.faults = [("patch", _bad_tool_calls)]
-        reply = await _call(stack, route, key, valid_body(route))
+        reply = await _call(stack, route, session.api_key, valid_body(route))
         assert reply.status == 502 and "malformed engine response" in assert_error_shape(route, reply)["message"]
-        assert await _turns(stack, key) == 0 and _journal_calls(stack) == 0
+        assert await _turns(stack, session.session_id) == 0 and _journal_calls(stack) == 0
 
     run_stack(body, tmp_path)
 
@@ -238,15 +248,15 @@ def test_a_reply_that_cannot_be_rendered_records_nothing(
         monkeypatch.setattr(openai_responses, "render_response", broken)
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
-        reply = await _call(stack, RESPONSES, key, valid_body(RESPONSES, stream=stream))
+        session = await stack.create_session()
+        reply = await _call(stack, RESPONSES, session.api_key, valid_body(RESPONSES, stream=stream))
         if stream:
             error = stream_outcome(RESPONSES, reply)[1]
         else:
             assert reply.status == 500
             error = assert_error_shape(RESPONSES, reply)
         assert error is not None and "a renderer bug" in error["message"]
-        assert await _turns(stack, key) == 0 and _journal_calls(stack) == 0
+        assert await _turns(stack, session.session_id) == 0 and _journal_calls(stack) == 0
 
     run_stack(body, tmp_path)
 
@@ -266,18 +276,18 @@ def test_a_full_disk_answers_an_error_and_records_nothing(
     monkeypatch.setattr(SessionJournal, "append", append_unless_full)
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
-        session = stack.proxy.sessions.get(key)
+        session = await stack.create_session()
+        live = stack.proxy.sessions.get(session.session_id)
         disk["full"] = True
-        reply = await _call(stack, route, key, valid_body(route))
+        reply = await _call(stack, route, session.api_key, valid_body(route))
         assert reply.status == 500 and "No space left" in assert_error_shape(route, reply)["message"]
-        _, error = stream_outcome(route, await _call(stack, route, key, valid_body(route, stream=True)))
+        _, error = stream_outcome(route, await _call(stack, route, session.api_key, valid_body(route, stream=True)))
         assert error is not None and "No space left" in error["message"]
-        assert len(session.graph) == 0 and await _turns(stack, key) == 0
-        assert (await stack.describe(key))["stats"]["calls"] == 0
+        assert len(live.graph) == 0 and await _turns(stack, session.session_id) == 0
+        assert (await stack.describe(session.session_id))["stats"]["calls"] == 0
         disk["full"] = False  # the disk has room again
-        assert (await _call(stack, route, key, valid_body(route))).status == 200
-        assert await _turns(stack, key) == 1 and _journal_calls(stack) == 1
+        assert (await _call(stack, route, session.api_key, valid_body(route))).status == 200
+        assert await _turns(stack, session.session_id) == 1 and _journal_calls(stack) == 1
 
     run_stack(body, tmp_path)
 
@@ -285,13 +295,13 @@ def test_a_full_disk_answers_an_error_and_records_nothing(
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_session_deleted_during_its_call_records_nothing(tmp_path: Path, stream: bool) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         calls = stack.engine.calls
         engine_done = asyncio.Event()
         stack.engine.faults = [("hold", engine_done)]
-        call = asyncio.create_task(_call(stack, ANTHROPIC, key, valid_body(ANTHROPIC, stream=stream)))
+        call = asyncio.create_task(_call(stack, ANTHROPIC, session.api_key, valid_body(ANTHROPIC, stream=stream)))
         await until(lambda: stack.engine.calls == calls + 1, "the call did not reach the engine")
-        await asyncio.to_thread(stack.admin.delete, key)
+        await asyncio.to_thread(stack.admin.delete, session.session_id)
         engine_done.set()
         reply = await call
         if stream:
@@ -300,7 +310,7 @@ def test_a_session_deleted_during_its_call_records_nothing(tmp_path: Path, strea
             assert reply.status == 404, reply
             error = assert_error_shape(ANTHROPIC, reply)
         assert error is not None and "deleted" in error["message"]
-        assert stack.proxy.sessions.get(key) is None
+        assert stack.proxy.sessions.get(session.session_id) is None
         assert list(stack.proxy.sessions.journal_dir.iterdir()) == []  # not resurrected by a late write
 
     run_stack(body, tmp_path)
@@ -312,7 +322,7 @@ def _capture() -> Capture:
 
 def test_session_record_writes_the_journal_before_the_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     registry = SessionRegistry(tmp_path)
-    session = registry.create(SessionConfig(purpose="eval"), "m")
+    session, _ = registry.create(SessionConfig(purpose="eval"), "m")
     request = {"messages": [{"role": "user", "content": "hi"}], "tools": []}
 
     def disk_full(journal: SessionJournal, record: dict[str, Any]) -> None:
@@ -378,22 +388,22 @@ def test_wrong_types_are_a_400_in_the_dialect(tmp_path: Path, route: str, change
     request's fault; never a 500."""
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session(purpose="eval")
-        reply = await _call(stack, route, key, {**valid_body(route), **changes})
+        session = await stack.create_session(purpose="eval")
+        reply = await _call(stack, route, session.api_key, {**valid_body(route), **changes})
         assert reply.status == 400, reply
         assert_error_shape(route, reply)
-        assert await _turns(stack, key) == 0
+        assert await _turns(stack, session.session_id) == 0
 
     run_stack(body, tmp_path)
 
 
 def test_body_encodings_are_decoded_or_refused_in_the_dialect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         raw = orjson.dumps(valid_body(ANTHROPIC))
 
         async def send(data: bytes, encoding: str) -> Reply:
-            return await _call(stack, ANTHROPIC, key, data, **{"Content-Encoding": encoding})
+            return await _call(stack, ANTHROPIC, session.api_key, data, **{"Content-Encoding": encoding})
 
         assert (await send(gzip.compress(raw), "gzip")).status == 200
         assert (await send(zlib.compress(raw), "deflate")).status == 200
@@ -412,7 +422,7 @@ def test_body_encodings_are_decoded_or_refused_in_the_dialect(tmp_path: Path, mo
         monkeypatch.setattr(proxy.server, "brotli", None)  # where the brotli package is not installed
         reply = await send(raw, "br")
         assert reply.status == 415 and "br" in assert_error_shape(ANTHROPIC, reply)["message"]
-        assert await _turns(stack, key) == 3  # the three bodies that decoded
+        assert await _turns(stack, session.session_id) == 3  # the three bodies that decoded
 
     run_stack(body, tmp_path, max_body_bytes=200_000)
 
@@ -421,10 +431,12 @@ def test_br_bodies_are_decoded_when_brotli_is_installed(tmp_path: Path) -> None:
     brotli = pytest.importorskip("brotli")
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         raw = orjson.dumps(valid_body(CHAT))
-        assert (await _call(stack, CHAT, key, brotli.compress(raw), **{"Content-Encoding": "br"})).status == 200
-        reply = await _call(stack, CHAT, key, b"not brotli", **{"Content-Encoding": "br"})
+        assert (
+            await _call(stack, CHAT, session.api_key, brotli.compress(raw), **{"Content-Encoding": "br"})
+        ).status == 200
+        reply = await _call(stack, CHAT, session.api_key, b"not brotli", **{"Content-Encoding": "br"})
         assert reply.status == 400 and assert_error_shape(CHAT, reply)
 
     run_stack(body, tmp_path)
@@ -469,16 +481,16 @@ def test_an_upstream_4xx_is_reported_as_the_requests_fault(
     tmp_path: Path, status: int, chat_type: str, anthropic_type: str
 ) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
         for route, expected in ((CHAT, chat_type), (RESPONSES, chat_type), (ANTHROPIC, anthropic_type)):
             stack.engine.faults = [("status", status)]
-            reply = await _call(stack, route, key, valid_body(route))
+            reply = await _call(stack, route, session.api_key, valid_body(route))
             assert reply.status == status and assert_error_shape(route, reply)["type"] == expected
             stack.engine.faults = [("status", status)]
-            _, error = stream_outcome(route, await _call(stack, route, key, valid_body(route, stream=True)))
+            _, error = stream_outcome(route, await _call(stack, route, session.api_key, valid_body(route, stream=True)))
             assert error is not None and f"injected {status}" in error["message"]
         stack.engine.faults = [("status", 500)] * 4
-        reply = await _call(stack, ANTHROPIC, key, valid_body(ANTHROPIC))
+        reply = await _call(stack, ANTHROPIC, session.api_key, valid_body(ANTHROPIC))
         assert reply.status == 502 and assert_error_shape(ANTHROPIC, reply)["type"] == "api_error"
 
     run_stack(body, tmp_path)

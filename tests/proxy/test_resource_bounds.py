@@ -46,26 +46,27 @@ def test_sessions_are_not_bounded_by_the_open_file_limit(tmp_path: Path) -> None
     limits = {resource.RLIMIT_NOFILE: 1024}
     with procs.fake_engine() as engine:
 
-        async def fill(url: str, pid: int) -> tuple[list[str], dict[str, dict]]:
+        async def fill(url: str, pid: int) -> tuple[dict[str, str], dict[str, dict]]:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as http:
                 created = await _gather_bounded([_create(http, url, purpose="eval") for _ in range(SESSIONS)])
                 failed = [answer for status, answer in created if status != 201]
                 assert not failed, f"{len(failed)} of {SESSIONS} creations failed, e.g. {failed[0]}"
-                keys = [answer["api_key"] for _, answer in created]
+                keys = {answer["session_id"]: answer["api_key"] for _, answer in created}  # id -> API key
+                called = list(keys)[:WITH_CALLS]
                 stack = Stack(None, url, http, procs.ADMIN_KEY)
-                await _gather_bounded([agent_turns(stack, key, 1, marker=key) for key in keys[:WITH_CALLS]])
+                await _gather_bounded([agent_turns(stack, keys[sid], 1, marker=sid) for sid in called])
                 assert len(procs.open_files_under(pid, tmp_path)) <= 128  # --max-open-journals default
-                traces = await _gather_bounded([stack.trace(key) for key in keys[:WITH_CALLS]], 8)
-                return keys, dict(zip(keys[:WITH_CALLS], traces, strict=True))
+                traces = await _gather_bounded([stack.trace(sid) for sid in called], 8)
+                return keys, dict(zip(called, traces, strict=True))
 
-        async def check(url: str, keys: list[str], before: dict[str, dict]) -> None:
+        async def check(url: str, keys: dict[str, str], before: dict[str, dict]) -> None:
             async with aiohttp.ClientSession() as http:
                 stack = Stack(None, url, http, procs.ADMIN_KEY)
                 async with http.get(f"{url}/sessions", headers=stack.admin_headers) as resp:
                     assert sorted(s["id"] for s in (await resp.json())["sessions"]) == sorted(keys)
-                after = await _gather_bounded([stack.trace(key) for key in before], 8)
+                after = await _gather_bounded([stack.trace(sid) for sid in before], 8)
                 assert dict(zip(before, after, strict=True)) == before
-                await agent_turns(stack, keys[-1], 1)  # a recovered session without calls records one
+                await agent_turns(stack, keys[list(keys)[-1]], 1)  # a recovered session without calls records one
                 status, answer = await _create(http, url, purpose="eval")
                 assert status == 201, answer
 
@@ -104,19 +105,19 @@ def test_a_failed_session_creation_leaves_no_descriptor_and_no_journal(tmp_path:
                     assert procs.open_files_under(pid, journals) == [], f"{session_id}: a descriptor leaked"
                 status, answer = await _create(http, url, session_id="kept", purpose="eval")
                 assert status == 201, answer
-                status, _ = await stack.chat("kept", [{"role": "user", "content": "y" * 70_000}])
+                status, _ = await stack.chat(answer["api_key"], [{"role": "user", "content": "y" * 70_000}])
                 assert status != 200  # its record does not fit under the limit: the call fails
-                replies = await agent_turns(stack, "kept", 2)  # and later records still fit
+                replies = await agent_turns(stack, answer["api_key"], 2)  # and later records still fit
                 return "kept", replies
 
         with procs.proxy(procs.url(engine), journals, limits={resource.RLIMIT_FSIZE: 64 * 1024}) as proxy:
-            key, replies = asyncio.run(drive(procs.url(proxy), proxy.pid))
+            session_id, replies = asyncio.run(drive(procs.url(proxy), proxy.pid))
         with procs.proxy(procs.url(engine), journals) as proxy:
             assert proxy.match["counts"].split()[0] == "sessions=1"
 
             async def trace() -> dict:
                 async with aiohttp.ClientSession() as http:
-                    return await Stack(None, procs.url(proxy), http, procs.ADMIN_KEY).trace(key)
+                    return await Stack(None, procs.url(proxy), http, procs.ADMIN_KEY).trace(session_id)
 
             turns = asyncio.run(trace())["turns"]
             assert [t["completion_token_ids"] for t in turns] == [r["choices"][0]["token_ids"] for r in replies]
@@ -143,13 +144,13 @@ def test_engine_clients_are_bounded_and_closed_when_unused(tmp_path: Path) -> No
         engine = stack.proxy.config.engine_url
         port = int(engine.rsplit(":", 1)[1])
         urls = [f"http://agent{i}@127.0.0.1:{port}" for i in range(12)]  # distinct URLs, one engine
-        keys = [await stack.create_session(purpose="eval", llm_url=u) for u in urls]
-        await asyncio.gather(*(agent_turns(stack, key, 1, marker=key) for key in keys))
+        sessions = [await stack.create_session(purpose="eval", llm_url=u) for u in urls]
+        await asyncio.gather(*(agent_turns(stack, s.api_key, 1, marker=s.session_id) for s in sessions))
         await until(lambda: _established_to(port) <= 4, "more engine pools open than max_engine_clients")
-        await agent_turns(stack, keys[0], 1, marker="again")  # an evicted engine's session still works
+        await agent_turns(stack, sessions[0].api_key, 1, marker="again")  # an evicted engine's session still works
         await until(lambda: _established_to(port) <= 4, "an evicted engine's pool stayed open")
-        for key in keys:
-            await asyncio.to_thread(stack.admin.delete, key)
+        for session in sessions:
+            await asyncio.to_thread(stack.admin.delete, session.session_id)
         await until(lambda: _established_to(port) == 0, "the pool of an engine no session uses stayed open")
         for i in range(6):  # the engine refuses the tier probe: every creation fails after connecting
             stack.engine.faults = [("status", 400)]
@@ -162,9 +163,9 @@ def test_engine_clients_are_bounded_and_closed_when_unused(tmp_path: Path) -> No
                 await stack.create_session(llm_url=f"http://127.0.0.1:{closed_port.getsockname()[1]}")
         await until(lambda: _established_to(port) == 0, "a failed creation kept its engine's pool open")
         assert list(stack.proxy._clients) == []
-        key = await stack.create_session(purpose="eval")  # the default engine: kept while the proxy runs
-        await agent_turns(stack, key, 1)
-        await asyncio.to_thread(stack.admin.delete, key)
+        session = await stack.create_session(purpose="eval")  # the default engine: kept while the proxy runs
+        await agent_turns(stack, session.api_key, 1)
+        await asyncio.to_thread(stack.admin.delete, session.session_id)
         assert list(stack.proxy._clients) == [engine]
 
     run_stack(body, tmp_path, max_engine_clients=4)
@@ -176,11 +177,11 @@ def test_a_call_of_a_deleted_session_never_writes_into_the_journal_of_its_succes
 
     async def body(stack: Stack) -> None:
         assert stack.engine is not None
-        await stack.create_session(session_id="reused")
+        old = await stack.create_session(session_id="reused")
         engine_done = asyncio.Event()
         stack.engine.faults = [("hold", engine_done)]
         calls = stack.engine.calls
-        old_call = asyncio.create_task(stack.chat("reused", [{"role": "user", "content": "old"}]))
+        old_call = asyncio.create_task(stack.chat(old.api_key, [{"role": "user", "content": "old"}]))
         await until(lambda: stack.engine.calls == calls + 1, "the old session's call did not reach the engine")
         await asyncio.to_thread(stack.admin.delete, "reused")
         await stack.create_session(session_id="reused")

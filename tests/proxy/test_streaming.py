@@ -110,16 +110,18 @@ def test_text_reaches_the_agent_while_the_engine_samples(tmp_path: Path, route: 
         stack.engine.completion_chars = 6 * TOKENS  # about 5.4 characters a word, one id per 4 characters
         streamed, whole = await stack.create_session(), await stack.create_session()
         stack.engine.token_latency_s = TOKEN_LATENCY_S
-        first, total, raw = await _timed_stream(stack, route, streamed, _text_body(route, stream=True))
+        first, total, raw = await _timed_stream(stack, route, streamed.api_key, _text_body(route, stream=True))
         assert total > TOKENS * TOKEN_LATENCY_S and first < 0.5, (first, total)  # 50 ms a token, 40 tokens: 2 s
         frames, error = stream_outcome(route, _raw_reply(raw))
         assert error is None
         stack.engine.token_latency_s = 0
-        reply = await post(stack.http, stack.url + route, _text_body(route, stream=False), agent_headers(route, whole))
+        reply = await post(
+            stack.http, stack.url + route, _text_body(route, stream=False), agent_headers(route, whole.api_key)
+        )
         assert reply.status == 200
         assert _reply(route, frames) == _json_reply(route, reply.json)
-        trace = _turn(await stack.trace(streamed))
-        assert trace == _turn(await stack.trace(whole)) and len(trace[1]) > TOKENS and trace[2] is not None
+        trace = _turn(await stack.trace(streamed.session_id))
+        assert trace == _turn(await stack.trace(whole.session_id)) and len(trace[1]) > TOKENS and trace[2] is not None
 
     run_stack(body, tmp_path)
 
@@ -134,18 +136,18 @@ def test_a_streamed_tool_call_is_the_reply_a_whole_one_is(tmp_path: Path, route:
         streamed, whole = await stack.create_session(), await stack.create_session()
         stack.engine.faults = [None if tool_ids else ("no_tool_ids",), None if tool_ids else ("patch", _no_tool_ids)]
         reply = await post(
-            stack.http, stack.url + route, valid_body(route, stream=True), agent_headers(route, streamed)
+            stack.http, stack.url + route, valid_body(route, stream=True), agent_headers(route, streamed.api_key)
         )
         frames, error = stream_outcome(route, reply)
         assert error is None
-        reply = await post(stack.http, stack.url + route, valid_body(route), agent_headers(route, whole))
+        reply = await post(stack.http, stack.url + route, valid_body(route), agent_headers(route, whole.api_key))
         assert reply.status == 200
         got, expected = _reply(route, frames), _json_reply(route, reply.json)
         assert all(_tool_ids(route, got))
         if route == CHAT and not tool_ids:  # a chat JSON reply passes the engine's message on as it is, id-less
             got, expected = (got[0], [call[1:] for call in got[1]]), (expected[0], [call[1:] for call in expected[1]])
         assert got == expected
-        assert _turn(await stack.trace(streamed)) == _turn(await stack.trace(whole))
+        assert _turn(await stack.trace(streamed.session_id)) == _turn(await stack.trace(whole.session_id))
 
     run_stack(body, tmp_path)
 
@@ -188,7 +190,8 @@ def test_a_stream_that_fails_midway_records_nothing(
     the engine is not asked again (a retry after the first chunk would send the agent a second reply)."""
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
+        key = session.api_key
         calls = stack.engine.calls
         stack.engine.faults = [fault]
         reply = await post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
@@ -196,9 +199,9 @@ def test_a_stream_that_fails_midway_records_nothing(
         assert error is not None and message in error["message"], frames[-1]
         assert any(_is_text_delta(route, event, data) for event, data in frames)
         assert stack.engine.calls == calls + 1
-        assert len((await stack.trace(key))["turns"]) == 0 and _journal_calls(stack) == 0
+        assert len((await stack.trace(session.session_id))["turns"]) == 0 and _journal_calls(stack) == 0
         reply = await post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
-        assert stream_outcome(route, reply)[1] is None and len((await stack.trace(key))["turns"]) == 1
+        assert stream_outcome(route, reply)[1] is None and len((await stack.trace(session.session_id))["turns"]) == 1
 
     run_stack(body, tmp_path)
 
@@ -206,7 +209,8 @@ def test_a_stream_that_fails_midway_records_nothing(
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_session_deleted_midstream_records_nothing(tmp_path: Path, route: str) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
+        key = session.api_key
         calls = stack.engine.calls
         resume = asyncio.Event()
         stack.engine.faults = [("pause", 6, resume)]
@@ -214,7 +218,7 @@ def test_a_session_deleted_midstream_records_nothing(tmp_path: Path, route: str)
             post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
         )
         await until(lambda: stack.engine.calls == calls + 1, "the stream did not reach the engine")
-        await asyncio.to_thread(stack.admin.delete, key)
+        await asyncio.to_thread(stack.admin.delete, session.session_id)
         resume.set()
         frames, error = stream_outcome(route, await call)
         assert error is not None and "deleted" in error["message"]
@@ -227,7 +231,8 @@ def test_a_session_deleted_midstream_records_nothing(tmp_path: Path, route: str)
 @pytest.mark.parametrize("route", ROUTES)
 def test_an_agent_that_leaves_midstream_cancels_the_engine_call_and_records_nothing(tmp_path: Path, route: str) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
+        key = session.api_key
         resume = asyncio.Event()
         stack.engine.faults = [("pause", 6, resume)]
         async with stack.http.post(
@@ -235,13 +240,15 @@ def test_an_agent_that_leaves_midstream_cancels_the_engine_call_and_records_noth
         ) as resp:
             seen = b""
             while not any(_is_text_delta(route, e, d) for e, d in _frames(seen)):
-                seen += await resp.content.readline()
+                line = await resp.content.readline()
+                assert line, f"the stream ended before any text: {seen[-300:]!r}"
+                seen += line
             resp.close()  # the agent goes away while the engine still samples
         await until(lambda: stack.engine.cancelled == 1, "the engine's stream was not dropped")
         resume.set()
-        assert len((await stack.trace(key))["turns"]) == 0 and _journal_calls(stack) == 0
+        assert len((await stack.trace(session.session_id))["turns"]) == 0 and _journal_calls(stack) == 0
         reply = await post(stack.http, stack.url + route, _text_body(route, stream=True), agent_headers(route, key))
-        assert stream_outcome(route, reply)[1] is None and len((await stack.trace(key))["turns"]) == 1
+        assert stream_outcome(route, reply)[1] is None and len((await stack.trace(session.session_id))["turns"]) == 1
 
     run_stack(body, tmp_path)
 
@@ -261,7 +268,8 @@ def _frames(raw: bytes) -> list[tuple[str | None, Any]]:
 
 def test_keepalives_fill_a_silence_in_the_middle_of_a_stream(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
+        key = session.api_key
         resume = asyncio.Event()
         stack.engine.faults = [("pause", 6, resume)]
         async with stack.http.post(
@@ -275,7 +283,7 @@ def test_keepalives_fill_a_silence_in_the_middle_of_a_stream(tmp_path: Path) -> 
             resume.set()
             raw = b"".join(lines) + await resp.content.read()
         assert stream_outcome(CHAT, _raw_reply(raw))[1] is None
-        assert len((await stack.trace(key))["turns"]) == 1
+        assert len((await stack.trace(session.session_id))["turns"]) == 1
 
     run_stack(body, tmp_path, keepalive_s=0.1)
 
@@ -284,13 +292,14 @@ def test_a_prompt_of_megabytes_streams(tmp_path: Path) -> None:
     """The first chunk carries the prompt's ids on one line (here about 2 MB): no line-length limit applies."""
 
     async def body(stack: Stack) -> None:
-        key = await stack.create_session()
+        session = await stack.create_session()
+        key = session.api_key
         request = _text_body(CHAT, stream=True, marker="x" * 1_000_000)
         request["return_token_ids"] = True
         reply = await post(stack.http, stack.url + CHAT, request, agent_headers(CHAT, key))
         frames, error = stream_outcome(CHAT, reply)
         assert error is None and len(frames[0][1]["prompt_token_ids"]) > 250_000
-        assert len((await stack.trace(key))["turns"]) == 1
+        assert len((await stack.trace(session.session_id))["turns"]) == 1
 
     run_stack(body, tmp_path, max_body_bytes=4_000_000)
 
@@ -410,7 +419,8 @@ def test_chunks_that_arrived_together_reach_the_agent_as_one_delta(tmp_path: Pat
 
     async def body(stack: Stack) -> None:
         stack.engine.completion_chars = 6 * TOKENS
-        key = await stack.create_session()
+        session = await stack.create_session()
+        key = session.api_key
         async with stack.http.post(
             stack.url + CHAT, json=_text_body(CHAT, stream=True), headers=agent_headers(CHAT, key)
         ) as resp:

@@ -30,7 +30,7 @@ from examples import submit_task
 from harness_grpo import HarnessAsyncGRPOTrainer, HarnessGRPOConfig, HarnessRolloutOutcome
 from harness_grpo.session_protocol import VerifyResult, instruction_of
 from harness_grpo.weight_transports import HTTPEmbeddedWeightSync
-from proxy.client import ProxyAdminClient, ProxyClientError
+from proxy.client import ProxyAdminClient, ProxyClientError, ProxySession
 from tests.support.processes import ReadyProcess, start_engine
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class HarborShapedSession:
         self._task_index = task_index
         self._instruction = instruction
         self._admin = ProxyAdminClient(factory.server_url, factory.api_key)
-        self._key: str | None = None
+        self._session: ProxySession | None = None
         self._workdir = Path(tempfile.mkdtemp(prefix="harbor-shaped-"))
         self.reward: float | None = None
 
@@ -90,7 +90,7 @@ class HarborShapedSession:
         """0 for a usable rollout, 1 otherwise; never raises (upstream's contract)."""
         factory = self._factory
         try:
-            self._key = self._admin.create_session(
+            self._session = self._admin.create_session(
                 purpose="train",
                 sampling=factory.sampling,
                 llm_url=factory.llm_url or None,
@@ -100,7 +100,11 @@ class HarborShapedSession:
             task = {"prompt": self._instruction}
             submit_task.setup(self._workdir, task)
             argv = [part.replace("{prompt}", self._instruction) for part in submit_task.agent_command()]
-            env = {"PATH": "/usr/bin:/bin", "OPENAI_BASE_URL": f"{factory.server_url}/v1", "OPENAI_API_KEY": self._key}
+            env = {
+                "PATH": "/usr/bin:/bin",
+                "OPENAI_BASE_URL": f"{factory.server_url}/v1",
+                "OPENAI_API_KEY": self._session.api_key,
+            }
             agent = subprocess.run(
                 argv, cwd=self._workdir, env=env, capture_output=True, timeout=timeout_s or factory.agent_timeout_sec
             )
@@ -111,17 +115,17 @@ class HarborShapedSession:
             return 1
 
     def fetch_proxy_trace(self) -> list[dict[str, Any]]:
-        if self._key is None:
+        if self._session is None:
             return []
-        return self._admin.trace(self._key).to_trace_entries()
+        return self._admin.trace(self._session.session_id).to_trace_entries()
 
     def verify(self, transcript: list[dict[str, Any]], final_state: Any | None = None) -> VerifyResult:
         return VerifyResult(env_reward=self.reward, done=True)
 
     def close(self) -> None:
-        if self._key is not None:
-            self._admin.delete(self._key)
-            self._key = None
+        if self._session is not None:
+            self._admin.delete(self._session.session_id)
+            self._session = None
         shutil.rmtree(self._workdir, ignore_errors=True)
 
 

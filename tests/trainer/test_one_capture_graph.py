@@ -24,13 +24,13 @@ def _session(tmp_path: Path) -> tuple[TrainingTrace, list[dict[str, Any]]]:
     captured: dict[str, Any] = {}
 
     async def run(stack: Stack) -> None:
-        key = await stack.create_session(purpose="train", sampling={"temperature": 1.0})
-        await agent_turns(stack, key, 6)
-        status, _ = await stack.chat(key, [{"role": "user", "content": "a title"}], return_token_ids=True)
+        session = await stack.create_session(purpose="train", sampling={"temperature": 1.0})
+        await agent_turns(stack, session.api_key, 6)
+        status, _ = await stack.chat(session.api_key, [{"role": "user", "content": "a title"}], return_token_ids=True)
         assert status == 200
-        await agent_turns(stack, key, 2, marker="the history, compacted")  # a rewrite: a new root
-        captured["trace"] = TrainingTrace.model_validate(await stack.trace(key))
-        captured["sequences"] = await stack.sequences(key)
+        await agent_turns(stack, session.api_key, 2, marker="the history, compacted")  # a rewrite: a new root
+        captured["trace"] = TrainingTrace.model_validate(await stack.trace(session.session_id))
+        captured["sequences"] = await stack.sequences(session.session_id)
 
     run_stack(run, tmp_path / "journal")
     return captured["trace"], captured["sequences"]
