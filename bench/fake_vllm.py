@@ -21,7 +21,8 @@ Token in, as the embedded engine and prime-rl's vLLM serve it: ``POST
 /tokenize`` renders ``messages`` (``tools``, ``add_generation_prompt``) with the
 fake template, and ``POST /v1/chat/completions/tokens`` answers a chat request
 sampled from its ``tokens`` (a body without them is a 400: the discovery
-probe). ``tokenize_calls`` and ``token_calls`` count them.
+probe). ``tokenize_calls`` and ``token_calls`` count them. ``token_route=False``
+leaves the token route out, as plain vLLM does.
 
 A request with ``"stream": true`` is answered as vLLM streams with
 ``return_token_ids``: a first chunk with ``prompt_token_ids``, then one
@@ -131,6 +132,7 @@ class FakeVLLM:
         reasoning: bool = False,
         count_messages: bool = False,
         sample_seed: int | None = None,
+        token_route: bool = True,
     ) -> None:
         self.latency_s = latency_s
         self.completion_chars = completion_chars
@@ -145,7 +147,8 @@ class FakeVLLM:
         self.cancelled = 0
         self.app = web.Application(client_max_size=256 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self._chat)
-        self.app.router.add_post("/v1/chat/completions/tokens", self._chat_tokens)
+        if token_route:
+            self.app.router.add_post("/v1/chat/completions/tokens", self._chat_tokens)
         self.app.router.add_post("/tokenize", self._tokenize)
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_get("/health", self._health)

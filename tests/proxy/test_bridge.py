@@ -15,7 +15,8 @@ import orjson
 import pytest
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
-from bench.fake_vllm import IM_END, NEWLINE, render_prompt
+from bench.fake_vllm import IM_END, NEWLINE, render_prompt, tokenize
+from proxy.bridge import History
 from proxy.capture_graph import sequences_from_trace
 from proxy.trace import TrainingTrace
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
@@ -172,3 +173,181 @@ def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_ro
         assert (await stack.describe(echoing))["stats"]["bridge"]["saved_tokens"] == 0
 
     run_stack(scenario, tmp_path)
+
+
+async def _fallbacks(stack: Stack, key: str) -> list[tuple[bool, str | None, bool]]:
+    """Per turn after the first: (bridged, fallback reason, whether it is a root)."""
+    turns = (await stack.trace(key))["turns"][1:]
+    return [
+        (t["metadata"]["bridged"], t["metadata"].get("bridge_fallback"), t["metadata"]["parent_id"] is None)
+        for t in turns
+    ]
+
+
+def test_a_history_the_agent_rewrote_starts_a_new_root_and_says_so(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        messages = await _agent_loop(stack, key, 2)
+        compacted = [messages[0], {"role": "user", "content": "summary: ran a command"}, *messages[-3:]]
+        status, _ = await stack.chat(key, compacted, tools=TOOLS)
+        assert status == 200
+        edited = [*messages[:3], {**messages[3], "content": "edited"}, *messages[4:]]  # a tool result changed
+        status, _ = await stack.chat(key, edited, tools=TOOLS)
+        assert status == 200
+        fewer_tools = await stack.chat(key, messages, tools=[{**TOOLS[0], "function": {"name": "sh"}}])
+        assert fewer_tools[0] == 200
+        # The edited history still matches its first sampled turn: bridged there, a branch of it, not a root.
+        assert await _fallbacks(stack, key) == [
+            (True, None, False),
+            (False, "rewrite", True),
+            (True, None, False),
+            (False, "rewrite", True),
+        ]
+        trace = await stack.trace(key)
+        assert trace["turns"][3]["metadata"]["parent_id"] == trace["turns"][0]["node_id"]
+        described = (await stack.describe(key))["stats"]["bridge"]
+        assert described["bridged"] == 2 and described["fallbacks"] == {"rewrite": 2}
+
+    run_stack(scenario, tmp_path)
+
+
+def test_a_template_that_re_renders_earlier_turns_falls_back(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        await _agent_loop(stack, key, 3)
+        assert await _fallbacks(stack, key) == [(False, "re-render", True)] * 2
+        assert stack.engine.token_calls == 0
+
+    run_stack(scenario, tmp_path, engine_options={"count_messages": True})
+
+
+def test_an_unfinished_turn_an_engine_without_the_route_and_a_session_that_opts_out_are_not_bridged(
+    tmp_path: Path,
+) -> None:
+    def cut(completion: dict[str, Any]) -> dict[str, Any]:
+        completion["choices"][0]["finish_reason"] = "length"
+        return completion
+
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        stack.engine.faults = [("patch", cut)]
+        await _agent_loop(stack, key, 2)
+        assert await _fallbacks(stack, key) == [(False, "unfinished", True)]
+
+        off = await stack.create_session(sampling=SAMPLING, bridge=False)
+        await _agent_loop(stack, off, 2)
+        assert await _fallbacks(stack, off) == [(False, None, True)]
+        assert stack.engine.tokenize_calls == 0 and stack.engine.token_calls == 0
+
+    run_stack(scenario, tmp_path)
+
+    async def plain_vllm(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        await _agent_loop(stack, key, 3)
+        assert await _fallbacks(stack, key) == [(False, "unsupported", True), (False, "unsupported", False)]
+        assert stack.engine.tokenize_calls == 0
+
+    run_stack(plain_vllm, tmp_path / "plain", engine_options={"token_route": False})
+
+
+@pytest.mark.parametrize("mode", ["fork", "keep"])
+@pytest.mark.parametrize("agent_keeps_reasoning", [True, False], ids=["agent-keeps", "agent-drops"])
+def test_reasoning_the_template_drops_forks_or_is_kept_as_sampled(
+    tmp_path: Path, mode: str, agent_keeps_reasoning: bool
+) -> None:
+    """A tool loop re-renders its reasoning and is bridged either way (the sampled reasoning restored for the
+    check when the agent dropped it); a new user turn drops it: ``fork`` starts a root, ``keep`` keeps the ids."""
+
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING, bridge_reasoning=mode)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        for _ in range(3):  # a tool call, a text reply, then a new user turn's call
+            status, reply = await stack.chat(key, messages, tools=TOOLS)
+            assert status == 200, reply
+            message = reply["choices"][0]["message"]
+            assert message["reasoning_content"]
+            sent = {"role": "assistant", "content": message["content"]}
+            if agent_keeps_reasoning:
+                sent["reasoning_content"] = message["reasoning_content"]
+            calls = message.get("tool_calls") or []
+            if calls:
+                sent["tool_calls"] = [
+                    {**c, "function": {**c["function"], "arguments": _compact(c["function"]["arguments"])}}
+                    for c in calls
+                ]
+            messages += [sent, *({"role": "tool", "tool_call_id": c["id"], "content": "ran"} for c in calls)]
+            if not calls:
+                messages.append({"role": "user", "content": "and now?"})
+        user_turn = (True, None, False) if mode == "keep" else (False, "reasoning", True)
+        assert await _fallbacks(stack, key) == [(True, None, False), user_turn]
+        if mode == "keep":  # the user turn's prompt holds the text turn's sampled reasoning
+            parent = (await stack.trace(key))["turns"][1]
+            assert parent["completion_token_ids"][:4] == list(tokenize("<think>plan 1</t"))
+
+    run_stack(scenario, tmp_path, engine_options={"reasoning": True})
+
+
+def test_a_recovered_session_keeps_bridging_and_metrics_count_the_bridge(tmp_path: Path) -> None:
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}  # part of the match, so journaled with the turn
+    state: dict[str, Any] = {}
+
+    async def before(stack: Stack) -> None:
+        state["key"] = key = await stack.create_session(sampling=SAMPLING)
+        messages = [{"role": "user", "content": "go"}]
+        status, reply = await stack.chat(key, messages, tools=TOOLS, **kwargs)
+        assert status == 200
+        call = reply["choices"][0]["message"]["tool_calls"][0]
+        compact = {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [compact]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "ran"},
+        ]
+        state["messages"] = messages
+        state["before"] = (await stack.describe(key))["stats"]["bridge"]
+
+    async def after(stack: Stack) -> None:
+        key = state["key"]
+        assert (await stack.describe(key))["stats"]["bridge"] == state["before"]
+        status, _ = await stack.chat(key, state["messages"], tools=TOOLS, **kwargs)
+        assert status == 200
+        status, _ = await stack.chat(key, [{"role": "assistant", "content": "hi"}, *state["messages"]], tools=TOOLS)
+        assert status == 200
+        assert await _fallbacks(stack, key) == [(True, None, False), (False, "rewrite", True)]
+        stats = (await stack.describe(key))["stats"]["bridge"]
+        async with stack.http.get(f"{stack.url}/metrics") as resp:
+            metrics = await resp.text()
+        assert (
+            "proxy_bridged_turns_total 1\n" in metrics
+            and 'proxy_bridge_fallbacks_total{reason="rewrite"} 1\n' in metrics
+        )
+        assert stats["saved_tokens"] > 0 and f"proxy_bridge_saved_tokens_total {stats['saved_tokens']}\n" in metrics
+
+    run_stack(before, tmp_path)
+    run_stack(after, tmp_path)
+
+
+def test_the_match_is_semantic() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"a": 1, "b": [2, 3]}'}}
+    sampled = {"role": "assistant", "content": "<think>\nhm\n</think>\n\nOK ", "tool_calls": [call]}
+    user = {"role": "user", "content": [{"type": "text", "text": "go"}]}
+    index_key = History([user], None, None).key(sampled)
+
+    def boundary(message: dict[str, Any], first: dict[str, Any] = user, tools: Any = None) -> bytes:
+        return History([first, message], tools, None).boundaries[-1][1]
+
+    resent = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "OK"}],
+        "tool_calls": [{"id": "toolu_9", "function": {"name": "bash", "arguments": '{"b":[2,3],"a":1}'}}],
+    }
+    assert boundary(resent) == boundary({**resent, "reasoning_content": "hm"}) == index_key
+    assert boundary(resent, {"role": "user", "content": "go"}) == index_key
+    different = [
+        {**resent, "content": "OK!"},
+        {**resent, "tool_calls": [{"function": {"name": "bash", "arguments": '{"a": 1, "b": [3, 2]}'}}]},
+        {**resent, "tool_calls": [{"function": {"name": "sh", "arguments": '{"a": 1, "b": [2, 3]}'}}]},
+        {**resent, "tool_calls": []},
+    ]
+    assert index_key not in {boundary(message) for message in different}
+    assert boundary(resent, {"role": "user", "content": "go on"}) != index_key
+    assert boundary(resent, tools=TOOLS) != index_key
