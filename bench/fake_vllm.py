@@ -6,7 +6,23 @@ wire contract: top-level ``prompt_token_ids``, ``choices[0].token_ids``,
 ``logprobs.content[*]`` with ``token_id:N`` tokens, parsed ``tool_calls``.
 Its "chat template" is append-only like Qwen's: an assistant turn re-renders
 to exactly the ids it was sampled as, followed by a newline id, so a
-multi-turn session forms one capture path. Every other turn is a tool call.
+multi-turn session forms one capture path. Every other turn is a tool call,
+its arguments serialised as vLLM's parser does (``json.dumps``: ``", "`` and
+``": "``), so an agent that re-serialises them compactly re-renders its
+history differently. With ``reasoning=True`` each reply carries
+``reasoning_content``, sampled as ``<think>...</think>`` before its text and,
+as Qwen3's template does, rendered only for assistant turns after the last
+user message. ``count_messages=True`` makes a template that changes earlier
+turns when a message is added (its header counts the messages).
+``sample_seed`` fixes the sampling seed (normally a hash of the prompt's last
+ids), so differently built prompts sample the same reply.
+
+Token in, as the embedded engine and prime-rl's vLLM serve it: ``POST
+/tokenize`` renders ``messages`` (``tools``, ``add_generation_prompt``) with the
+fake template, and ``POST /v1/chat/completions/tokens`` answers a chat request
+sampled from its ``tokens`` (a body without them is a 400: the discovery
+probe). ``tokenize_calls`` and ``token_calls`` count them. ``token_route=False``
+leaves the token route out, as plain vLLM does.
 
 A request with ``"stream": true`` is answered as vLLM streams with
 ``return_token_ids``: a first chunk with ``prompt_token_ids``, then one
@@ -41,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import zlib
 from typing import Any
 
@@ -68,38 +85,71 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _assistant_text(message: dict[str, Any]) -> str:
+def _assistant_text(message: dict[str, Any], *, with_reasoning: bool = True) -> str:
     text = _content_text(message.get("content"))
+    if with_reasoning and message.get("reasoning_content"):
+        text = f"<think>{message['reasoning_content']}</think>{text}"
     for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
         text += f'<tool_call>{{"name": "{fn.get("name")}", "arguments": {fn.get("arguments")}}}</tool_call>'
     return text
 
 
-def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-    """The fake template: ``<s> role text </s> \\n`` per message, then the generation prompt."""
+def render_prompt(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool = True,
+    count_messages: bool = False,
+) -> list[int]:
+    """The fake template: ``<s> role text </s> \\n`` per message (an assistant's reasoning only after the last
+    user message), then the generation prompt; ``count_messages`` heads it with the number of messages."""
     ids: list[int] = []
+    if count_messages:
+        ids += [IM_START, ROLE_IDS["system"], *tokenize(f"{len(messages)} messages"), IM_END, NEWLINE]
     if tools:
         ids += [IM_START, ROLE_IDS["system"], *tokenize(orjson.dumps(tools).decode()), IM_END, NEWLINE]
-    for message in messages:
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for index, message in enumerate(messages):
         role = message.get("role", "user")
-        text = _assistant_text(message) if role == "assistant" else _content_text(message.get("content"))
+        if role == "assistant":
+            text = _assistant_text(message, with_reasoning=index > last_user)
+        else:
+            text = _content_text(message.get("content"))
         ids += [IM_START, ROLE_IDS.get(role, 5), *tokenize(text), IM_END, NEWLINE]
-    return [*ids, IM_START, ROLE_IDS["assistant"]]
+    return [*ids, IM_START, ROLE_IDS["assistant"]] if add_generation_prompt else ids
 
 
 class FakeVLLM:
     """The fake engine; ``start()``/``stop()`` on the current loop, or ``run_forever`` standalone."""
 
-    def __init__(self, *, latency_s: float = 0.0, completion_chars: int = 120, token_latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        latency_s: float = 0.0,
+        completion_chars: int = 120,
+        token_latency_s: float = 0.0,
+        reasoning: bool = False,
+        count_messages: bool = False,
+        sample_seed: int | None = None,
+        token_route: bool = True,
+    ) -> None:
         self.latency_s = latency_s
         self.completion_chars = completion_chars
         self.token_latency_s = token_latency_s
+        self.reasoning = reasoning
+        self.count_messages = count_messages
+        self.sample_seed = sample_seed
         self.faults: list[tuple | None] = []
         self.calls = 0
+        self.token_calls = 0
+        self.tokenize_calls = 0
         self.cancelled = 0
         self.app = web.Application(client_max_size=256 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self._chat)
+        if token_route:
+            self.app.router.add_post("/v1/chat/completions/tokens", self._chat_tokens)
+        self.app.router.add_post("/tokenize", self._tokenize)
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_get("/health", self._health)
         self._runner: web.AppRunner | None = None
@@ -122,10 +172,35 @@ class FakeVLLM:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        self.tokenize_calls += 1
+        body = orjson.loads(await request.read())
+        try:
+            ids = render_prompt(
+                body["messages"],
+                body.get("tools"),
+                add_generation_prompt=body.get("add_generation_prompt", True),
+                count_messages=self.count_messages,
+            )
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            return _bad_request(f"invalid request: {type(exc).__name__}: {exc}")
+        return web.json_response({"count": len(ids), "max_model_len": 131072, "tokens": ids, "token_strs": None})
+
+    async def _chat_tokens(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not tokens or not all(type(t) is int and 0 <= t < VOCAB for t in tokens):
+            return _bad_request("'tokens' must be a non-empty list of token ids")
+        self.token_calls += 1
+        return await self._chat(request, body, tokens)
+
+    async def _chat(
+        self, request: web.Request, body: dict[str, Any] | None = None, prompt_ids: list[int] | None = None
+    ) -> web.StreamResponse:
         self.calls += 1
         fault = self.faults.pop(0) if self.faults else None
-        body = orjson.loads(await request.read())
+        if body is None:
+            body = orjson.loads(await request.read())
         try:
             if fault and fault[0] == "delay":
                 await asyncio.sleep(fault[1])
@@ -143,10 +218,9 @@ class FakeVLLM:
                 body=orjson.dumps(err), status=fault[1], headers=headers, content_type="application/json"
             )
         try:
-            completion = self.complete(body, with_ids=not (fault and fault[0] == "no_ids"))
+            completion = self.complete(body, with_ids=not (fault and fault[0] == "no_ids"), prompt_ids=prompt_ids)
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
-            err = {"error": {"message": f"invalid request: {type(exc).__name__}: {exc}", "type": "BadRequestError"}}
-            return web.Response(body=orjson.dumps(err), status=400, content_type="application/json")
+            return _bad_request(f"invalid request: {type(exc).__name__}: {exc}")
         if body.get("stream"):
             return await self._stream(request, body, completion, fault)
         if self.token_latency_s:  # a whole reply takes as long as sampling its tokens one by one
@@ -203,22 +277,30 @@ class FakeVLLM:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if tools and turn % 2 == 0:
             name = tools[0]["function"]["name"]
-            arguments = orjson.dumps({"command": f"echo {WORDS[seed % len(WORDS)]} {turn}"}).decode()
+            arguments = json.dumps({"command": f"echo {WORDS[seed % len(WORDS)]} {turn}"})
             call = {
                 "id": f"call_{seed:x}_{turn}",
                 "type": "function",
                 "function": {"name": name, "arguments": arguments},
             }
-            return {"role": "assistant", "content": None, "tool_calls": [call]}
-        words = [WORDS[(seed >> (i % 24)) % len(WORDS)] for i in range(self.completion_chars // 6)]
-        return {"role": "assistant", "content": " ".join(words)[: self.completion_chars]}
+            message: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        else:
+            words = [WORDS[(seed >> (i % 24)) % len(WORDS)] for i in range(self.completion_chars // 6)]
+            message = {"role": "assistant", "content": " ".join(words)[: self.completion_chars]}
+        if self.reasoning:
+            message["reasoning_content"] = f"plan {turn}"
+        return message
 
-    def complete(self, body: dict[str, Any], *, with_ids: bool = True) -> dict[str, Any]:
-        """The chat completion for ``body`` with vLLM's id and logprob fields (``reply`` decides the message)."""
+    def complete(
+        self, body: dict[str, Any], *, with_ids: bool = True, prompt_ids: list[int] | None = None
+    ) -> dict[str, Any]:
+        """The chat completion for ``body`` with vLLM's id and logprob fields (``reply`` decides the message),
+        sampled from ``prompt_ids`` (None: the rendering of its messages)."""
         messages = body["messages"]
         tools = body.get("tools")
-        prompt_ids = render_prompt(messages, tools)
-        seed = zlib.crc32(orjson.dumps(prompt_ids[-64:]))
+        if prompt_ids is None:
+            prompt_ids = render_prompt(messages, tools, count_messages=self.count_messages)
+        seed = self.sample_seed if self.sample_seed is not None else zlib.crc32(orjson.dumps(prompt_ids[-64:]))
         message = self.reply(messages, tools, seed)
         finish = "tool_calls" if message.get("tool_calls") else "stop"
         completion_ids = [*tokenize(_assistant_text(message)), IM_END]
@@ -257,6 +339,14 @@ class FakeVLLM:
 
 
 _DONE = b"data: [DONE]\n\n"
+
+
+def _bad_request(message: str) -> web.Response:
+    """vLLM's answer to a request its validation refuses."""
+    err = {"error": {"message": message, "type": "BadRequestError"}}
+    return web.Response(body=orjson.dumps(err), status=400, content_type="application/json")
+
+
 _AT_FAULTS = frozenset({"cut", "bad_chunk", "error_event", "pause"})
 
 
@@ -266,9 +356,9 @@ def _data(chunk: dict[str, Any]) -> bytes:
 
 def stream_frames(completion: dict[str, Any], body: dict[str, Any], *, tool_ids: bool = True) -> list[bytes]:
     """``completion`` as vLLM streams it: a role chunk with ``prompt_token_ids``, one chunk per completion id
-    (its ``token_ids``, its logprob, its piece of the text: 4 characters, as ``tokenize`` cuts; a tool call's
-    name with its first id, then its arguments spread over the others), the last one with ``finish_reason``, a
-    usage chunk when ``stream_options.include_usage`` asks, then ``[DONE]``."""
+    (its ``token_ids``, its logprob, its piece of the text: any reasoning whole first, then 4 characters, as
+    ``tokenize`` cuts; a tool call's name with its first id, then its arguments spread over the others), the
+    last one with ``finish_reason``, a usage chunk when ``stream_options.include_usage`` asks, then ``[DONE]``."""
     choice = completion["choices"][0]
     message = choice["message"]
     head = {key: completion[key] for key in ("id", "created", "model")}
@@ -278,9 +368,12 @@ def stream_frames(completion: dict[str, Any], body: dict[str, Any], *, tool_ids:
     logprobs = (choice.get("logprobs") or {}).get("content")
     deltas: list[dict[str, Any]] = [{} for _ in range(count)]
     text = message.get("content") or ""
-    for index in range(count - 1):
+    skip = 0  # reasoning, when there is some, goes whole with the first id; the text follows
+    if message.get("reasoning_content") and count > 1:
+        deltas[0]["reasoning_content"], skip = message["reasoning_content"], 1
+    for index in range(count - 1 - skip):
         if text[4 * index : 4 * index + 4]:
-            deltas[index]["content"] = text[4 * index : 4 * index + 4]
+            deltas[index + skip]["content"] = text[4 * index : 4 * index + 4]
     events = []  # tool call deltas: per call its header (id, name), then its arguments 4 characters at a time
     for index, call in enumerate(message.get("tool_calls") or []):
         function = {"name": call["function"]["name"], "arguments": ""}

@@ -320,6 +320,19 @@ class CaptureGraph:
             node = self._by_id[node_id]
             return (node.parent.node_id if node.parent is not None else None), node.context
 
+    def end_ids(self, node_id: str) -> list[int]:
+        """The node's prompt ids followed by its sampled ids (rebuilt from the segments along its path)."""
+        with self._lock:
+            segments = []
+            node: _Node | None = self._by_id[node_id]
+            while node is not None:
+                segments += (node.sampled, node.context)
+                node = node.parent
+        ids: list[int] = []
+        for segment in reversed(segments):
+            ids += segment
+        return ids
+
     def _snapshot(self) -> list[tuple[_Node, _Node | None, list[int]]]:
         with self._lock:
             return [(n, n.parent, n.context) for n in self._nodes]

@@ -17,7 +17,10 @@ ids and logprobs out of a vLLM chat response, after checking that its message
 has the shape the dialects render and nests no deeper than the proxy stores,
 or raises ``MalformedUpstream``; it never re-tokenizes.
 ``probe_tier`` grades an engine: ``tokens`` (ids + processed logprobs: can
-train), ``logprobs`` (eval only), ``text``.
+train), ``logprobs`` (eval only), ``text``. ``tokenize`` renders a chat through
+the engine's ``/tokenize``, ``has_tokens_route`` tells whether the engine serves
+``TOKENS_ROUTE`` (an empty body: 400 where it does, 404 where not), and
+``chat``/``chat_stream`` take ``route=TOKENS_ROUTE`` to sample from given ids.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from proxy.dialects.base import TEXT_FIELDS
 from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+CHAT_ROUTE = "/v1/chat/completions"
+TOKENS_ROUTE = "/v1/chat/completions/tokens"  # a chat request sampled from its ``tokens`` (prime-rl's vLLM route)
 
 
 class UpstreamError(Exception):
@@ -414,27 +419,38 @@ class EngineClient:
             return None
         return asyncio.get_running_loop().create_task(self.close())
 
-    async def chat(self, body: dict[str, Any] | bytes) -> dict[str, Any]:
+    async def chat(self, body: dict[str, Any] | bytes, *, route: str = CHAT_ROUTE) -> dict[str, Any]:
         """One non-streaming chat completion, retried on transient failures within ``timeout_s``.
 
         ``body`` is the request, or its JSON already serialised. A dict is serialised with the proxy's nesting
         bound: one that nests deeper raises ``NestingError`` (a ``ValueError``) before anything is sent.
+        ``route`` is ``CHAT_ROUTE``, or ``TOKENS_ROUTE`` for a body that carries its prompt as ``tokens``.
         """
-        return await self._post("/v1/chat/completions", body if isinstance(body, bytes) else dumps_bounded(body))
+        return await self._post(route, body if isinstance(body, bytes) else dumps_bounded(body))
 
-    async def chat_stream(self, body: dict[str, Any] | bytes) -> AsyncIterator[list[dict[str, Any]]]:
+    async def tokenize(self, body: dict[str, Any]) -> list[int]:
+        """``POST /tokenize`` (vLLM's): the ids of a chat rendering; a reply without a list of ints is malformed."""
+        answer = await self._post("/tokenize", dumps_bounded(body))
+        tokens = answer.get("tokens")
+        if not isinstance(tokens, list) or not set(map(type, tokens)) <= {int}:
+            raise MalformedUpstream("/tokenize answered without a list of token ids")
+        return tokens
+
+    async def chat_stream(
+        self, body: dict[str, Any] | bytes, *, route: str = CHAT_ROUTE
+    ) -> AsyncIterator[list[dict[str, Any]]]:
         """One streamed chat completion: yields the SSE ``data`` chunks as JSON objects, in order, in batches
         (every chunk that had arrived by then: a caller that forwards each batch at once pays per read, not per
         token), and ends after ``data: [DONE]``.
 
-        ``body`` is as for ``chat`` and asks for the stream. Failures are retried as ``chat`` retries them, but
-        only until the first chunk arrived. The whole stream has one budget, ``timeout_s`` (504 when it runs
-        out). An error event is an ``UpstreamError`` (502); a chunk that is not a JSON object, or a stream that
-        ends without ``[DONE]``, is ``MalformedUpstream``. Close it (``contextlib.aclosing``) so an abandoned
-        stream drops its engine connection at once.
+        ``body`` and ``route`` are as for ``chat``; ``body`` asks for the stream. Failures are retried as ``chat``
+        retries them, but only until the first chunk arrived. The whole stream has one budget, ``timeout_s`` (504
+        when it runs out). An error event is an ``UpstreamError`` (502); a chunk that is not a JSON object, or a
+        stream that ends without ``[DONE]``, is ``MalformedUpstream``. Close it (``contextlib.aclosing``) so an
+        abandoned stream drops its engine connection at once.
         """
         payload = body if isinstance(body, bytes) else dumps_bounded(body)
-        url = self.base_url + "/v1/chat/completions"
+        url = self.base_url + route
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         attempt = 0
         self._in_flight += 1
@@ -635,6 +651,18 @@ class EngineTier:
     @property
     def trainable(self) -> bool:
         return self.tier == "tokens"
+
+
+async def has_tokens_route(client: EngineClient) -> bool:
+    """Whether the engine serves ``TOKENS_ROUTE``, without a generation: its validation answers ``{}`` with a 400
+    where the route exists, a 404 where not. Any other failure is raised (``UpstreamError``)."""
+    try:
+        await client.chat(b"{}", route=TOKENS_ROUTE)
+    except UpstreamError as exc:
+        if exc.status in (400, 404, 405):
+            return exc.status == 400
+        raise
+    return False
 
 
 async def probe_tier(client: EngineClient, model: str) -> EngineTier:

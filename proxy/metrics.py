@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -76,6 +77,27 @@ class ProxyMetrics:
         )
         metric("proxy_captured_calls_total", "counter", "Calls recorded.", sum(s.stats.calls for s in sessions))
         metric("proxy_captured_completion_tokens_total", "counter", "Sampled tokens recorded.", self.captured_tokens)
+        bridges = [s.bridge.stats for s in sessions]
+        metric(
+            "proxy_bridged_turns_total",
+            "counter",
+            "Turns of live sessions prompted with the ids their history was sampled as.",
+            sum(b.bridged for b in bridges),
+        )
+        metric(
+            "proxy_bridge_saved_tokens_total",
+            "counter",
+            "Prompt ids of live sessions' bridged turns a training row would repeat had the engine rendered them.",
+            sum(b.saved_tokens for b in bridges),
+        )
+        fallbacks = Counter[str]()
+        for b in bridges:
+            fallbacks.update(b.fallbacks)
+        lines += [
+            "# HELP proxy_bridge_fallbacks_total Turns of live sessions with a sampled history not bridged, by reason.",
+            "# TYPE proxy_bridge_fallbacks_total counter",
+        ]
+        lines += [f'proxy_bridge_fallbacks_total{{reason="{r}"}} {n}' for r, n in sorted(fallbacks.items())]
         lines += ["# HELP proxy_call_seconds Wall time of a model call.", "# TYPE proxy_call_seconds histogram"]
         cumulative = 0
         for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), self.call_latency_counts, strict=True):

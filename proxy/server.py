@@ -18,7 +18,9 @@ One model call: authenticate, decode the body (``Content-Encoding`` identity,
 gzip, deflate, or br when ``brotli`` is installed), translate (dialect), apply
 the session's sampling policy, serialise the engine request with the nesting
 bound (``proxy.json_depth``: a body that nests deeper is a 400 and is never
-stored), call the engine once (retrying transient failures before it answered),
+stored), plan its prompt (``proxy.bridge``: a history this session sampled is
+sent as the ids it sampled, on the engine's token route; else the engine
+renders the messages), call the engine once (retrying transient failures before it answered),
 extract and check the exact capture, render the reply in the agent's dialect,
 record the turn (journal, then graph), and only then send the reply. A JSON
 reply comes from one non-streaming engine call. A streamed one comes from the
@@ -73,9 +75,12 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 
+from proxy.bridge import BridgePlan, plan_prompt
 from proxy.dialects import COUNT_TOKENS_ROUTE, ROUTES, anthropic_messages, openai_chat
 from proxy.dialects.base import ChatRequest, DialectError, StreamRenderer
 from proxy.engine_client import (
+    CHAT_ROUTE,
+    TOKENS_ROUTE,
     Capture,
     EngineClient,
     EngineCounters,
@@ -85,6 +90,7 @@ from proxy.engine_client import (
     UpstreamError,
     engine_base_url,
     extract_capture,
+    has_tokens_route,
     probe_tier,
 )
 from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
@@ -178,6 +184,7 @@ class CaptureProxy:
         self._engine_counters = EngineCounters()
         self._closing: set[asyncio.Task[None]] = set()  # retired clients' pools being closed
         self._tiers: dict[tuple[str, str], EngineTier] = {}
+        self._tokens_routes: dict[str, bool] = {}  # base URL -> whether the engine serves TOKENS_ROUTE
         self._models: dict[str, str] = {}
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
@@ -259,6 +266,7 @@ class CaptureProxy:
     def _retire_client(self, url: str) -> None:
         """Forget the engine at ``url``: its client closes once idle, its cached model and tier go."""
         self._models.pop(url, None)
+        self._tokens_routes.pop(url, None)
         for key in [key for key in self._tiers if key[0] == url]:
             del self._tiers[key]
         client = self._clients.pop(url, None)
@@ -371,6 +379,12 @@ class CaptureProxy:
         if key not in self._tiers:
             self._tiers[key] = await probe_tier(client, model)
         return self._tiers[key]
+
+    async def _has_tokens_route(self, client: EngineClient) -> bool:
+        """Whether the engine can sample from given ids (probed once per engine)."""
+        if client.base_url not in self._tokens_routes:
+            self._tokens_routes[client.base_url] = await has_tokens_route(client)
+        return self._tokens_routes[client.base_url]
 
     async def _list_sessions(self, request: web.Request) -> web.Response:
         self._require_admin(request)
@@ -499,14 +513,26 @@ class CaptureProxy:
         """
         started = time.perf_counter()
         client = self._client(session.config.llm_url)
+        plan = await plan_prompt(
+            upstream_body,
+            index=session.bridge,
+            graph=session.graph,
+            client=client,
+            enabled=session.config.bridge,
+            reasoning=session.config.bridge_reasoning,
+            has_route=functools.partial(self._has_tokens_route, client),
+        )
+        route = CHAT_ROUTE
+        if plan.tokens is not None:
+            payload, route = dumps_bounded({**upstream_body, "tokens": plan.tokens}), TOKENS_ROUTE
         stream = None
         try:
             if chat.stream:
                 stream = await _open_stream(request)
                 renderer = dialect.stream_renderer(chat)
-                engine = await self._relay(stream, dialect, renderer, client, payload)
+                engine = await self._relay(stream, dialect, renderer, client, payload, route)
             else:
-                engine = await client.chat(payload)
+                engine = await client.chat(payload, route=route)
             # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
             # a recorded one is handed to the transport.
             capture = extract_capture(engine)
@@ -517,7 +543,7 @@ class CaptureProxy:
                     reply = b"".join(renderer.finish(engine))
             if self.sessions.get(session.id) is not session:
                 raise _CallFailed(404, "the session was deleted during the call; nothing was recorded", None)
-            self._record(session, chat, capture, engine, upstream_body, requested, request)
+            self._record(session, chat, capture, engine, upstream_body, requested, request, plan)
         except (UpstreamError, _CallFailed) as exc:
             session.stats.errors += 1
             if isinstance(exc, UpstreamError):
@@ -539,13 +565,14 @@ class CaptureProxy:
         renderer: StreamRenderer,
         client: EngineClient,
         payload: bytes,
+        route: str,
     ) -> dict[str, Any]:
         """Stream the engine's reply to the agent as it is sampled: the renderer's start frames on the first
         chunk, then each text delta; keepalives while the engine is silent. Returns the assembled completion."""
         assembler = StreamAssembler()
         keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
         try:
-            async with aclosing(client.chat_stream(payload)) as batches:
+            async with aclosing(client.chat_stream(payload, route=route)) as batches:
                 async for batch in batches:
                     started = bool(assembler.head)
                     deltas = _joined_deltas(assembler.add(chunk) for chunk in batch)
@@ -575,9 +602,12 @@ class CaptureProxy:
         upstream_body: dict[str, Any],
         requested: dict[str, Any],
         request: web.Request,
+        plan: BridgePlan,
     ) -> None:
-        """Journal, then add to the graph, one checked and rendered call; all or nothing."""
+        """Journal, then add to the graph, one checked and rendered call; all or nothing. Then index it for the
+        bridge (``metadata``: whether its prompt was bridged, and why not)."""
         choice = engine["choices"][0]
+        engine_turn = {"choices": [{"message": choice["message"], "finish_reason": choice.get("finish_reason")}]}
         tools = upstream_body.get("tools") or []
         metadata = {
             "model": session.model,
@@ -586,14 +616,17 @@ class CaptureProxy:
             "harness_session_id": _harness_session_id(request),
             "sampling_params": {k: upstream_body[k] for k in _SAMPLING_KEYS if k in upstream_body},
             "requested_sampling_params": requested,
+            **plan.metadata(),
         }
+        if upstream_body.get("chat_template_kwargs"):  # they shape the prompt; the bridge's index reads them back
+            metadata["chat_template_kwargs"] = upstream_body["chat_template_kwargs"]
         if capture.logprob_note:
             metadata["logprobs_dropped"] = capture.logprob_note
         try:
-            session.record(
+            node_id = session.record(
                 capture,
                 {"messages": upstream_body["messages"], "tools": tools},
-                {"choices": [{"message": choice["message"], "finish_reason": choice.get("finish_reason")}]},
+                engine_turn,
                 metadata,
             )
         except CaptureContractError as exc:
@@ -604,6 +637,7 @@ class CaptureProxy:
                 500, f"the turn could not be journaled ({exc}); nothing was recorded", "api_error"
             ) from None
         self.metrics.captured_tokens += len(capture.sampled_ids)
+        session.bridge.add(node_id, plan.history, engine_turn, capture.sampled_ids, metadata)
 
     def _client_error(
         self, session: Session, dialect: ModuleType, status: int, message: str, param: str | None

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.bridge import REASONING_MODES, BridgeIndex, History
 from proxy.capture_graph import CaptureGraph
 from proxy.engine_client import Capture, engine_base_url
 from proxy.journal import JournalError, JournalFiles, SessionJournal, cut_torn_tail, quarantine, read_journal
@@ -90,10 +91,16 @@ class SessionConfig:
     llm_url: str | None = None  # None: the proxy's default engine
     model: str | None = None  # served model name upstream; None: the engine's first model
     metadata: dict[str, Any] = field(default_factory=dict)
+    bridge: bool = True  # prompt re-sent sampled turns with their sampled ids where the engine can (proxy.bridge)
+    bridge_reasoning: str = "fork"  # past reasoning the template drops: "fork" there, or "keep" the sampled ids
 
     def __post_init__(self) -> None:
         if self.purpose not in ("train", "eval"):
             raise ValueError("purpose must be 'train' or 'eval'")
+        if type(self.bridge) is not bool:
+            raise ValueError("bridge must be a boolean")
+        if self.bridge_reasoning not in REASONING_MODES:
+            raise ValueError(f"bridge_reasoning must be one of {list(REASONING_MODES)}")
         if self.purpose == "train":
             SamplingPolicy.from_dict(self.sampling)
         elif self.sampling is not None:
@@ -140,6 +147,7 @@ class Session:
         self.model = model
         self.journal = journal
         self.graph = CaptureGraph()
+        self.bridge = BridgeIndex()
         self.stats = SessionStats()
         self._requests: dict[str, dict[str, Any]] = {}  # node id -> its request (shared with the graph)
         self._metadata: dict[str, Any] | None = None  # the last turn's, shared by the next turns while equal
@@ -212,7 +220,8 @@ class Session:
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready view for the control plane."""
-        return {"id": self.id, "model": self.model, "config": asdict(self.config), "stats": self.stats.as_dict()}
+        stats = {**self.stats.as_dict(), "bridge": self.bridge.stats.as_dict()}
+        return {"id": self.id, "model": self.model, "config": asdict(self.config), "stats": stats}
 
 
 class SessionRegistry:
@@ -360,6 +369,8 @@ class SessionRegistry:
             )
             session._requests[rec["node_id"]] = request
             session._count(capture)
+            history = History(request["messages"], request["tools"], rec["metadata"].get("chat_template_kwargs"))
+            session.bridge.add(rec["node_id"], history, rec["response"], rec["sampled_ids"], rec["metadata"])
         return session
 
     def close(self) -> None:

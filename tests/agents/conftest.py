@@ -165,8 +165,8 @@ class ServedCall:
 
 
 class RecordingRelay:
-    """A transparent reverse proxy in front of the engine that records every chat completion it served (a
-    streamed one as the reply it adds up to)."""
+    """A transparent reverse proxy in front of the engine that records every chat completion it served, from
+    messages or from the proxy's bridged ``tokens`` (a streamed one as the reply it adds up to)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
@@ -200,7 +200,7 @@ class RecordingRelay:
         ) as resp:
             data = await resp.read()
             status, content_type = resp.status, resp.content_type
-        if request.method == "POST" and request.path == "/v1/chat/completions":
+        if request.method == "POST" and request.path in ("/v1/chat/completions", "/v1/chat/completions/tokens"):
             if status == 200:
                 response = _assembled(data) if content_type == "text/event-stream" else orjson.loads(data)
                 self.served.append(ServedCall(orjson.loads(body), response))

@@ -113,7 +113,7 @@ def test_probe_tells_an_engine_with_the_route_from_one_without(http, engine):
     assert engine.stats.generated_tokens == before
 
     async def probe_route_less_engine() -> int:
-        fake = FakeVLLM()  # vLLM's chat routes without prime-rl's token-in route
+        fake = FakeVLLM(token_route=False)  # vLLM's chat routes without prime-rl's token-in route
         port = await fake.start()
         try:
             return await _probe(f"http://127.0.0.1:{port}")

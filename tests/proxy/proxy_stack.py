@@ -62,12 +62,18 @@ class Stack:
 
 
 def run_stack(
-    fn: Callable[[Stack], Awaitable[None]], journal_dir: Path, *, latency_s: float = 0.0, **proxy_kw: Any
+    fn: Callable[[Stack], Awaitable[None]],
+    journal_dir: Path,
+    *,
+    latency_s: float = 0.0,
+    engine_options: dict[str, Any] | None = None,
+    **proxy_kw: Any,
 ) -> None:
-    """Start the fake engine and the proxy, run ``fn(stack)``, stop both."""
+    """Start the fake engine (``FakeVLLM(latency_s=..., **engine_options)``) and the proxy, run ``fn(stack)``,
+    stop both."""
 
     async def main() -> None:
-        engine = FakeVLLM(latency_s=latency_s)
+        engine = FakeVLLM(latency_s=latency_s, **(engine_options or {}))
         engine_port = await engine.start()
         config = ProxyConfig(
             engine_url=f"http://127.0.0.1:{engine_port}",

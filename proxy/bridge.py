@@ -1,0 +1,305 @@
+"""The token-in bridge: a history this session sampled is prompted with the ids it sampled.
+
+An agent re-sends the assistant turns it was given, but re-serialised (tool call arguments with other
+spacing or key order, text stripped, reasoning dropped), so the engine's rendering of its history is no
+longer the prompt + sampled ids of the previous call, and without the bridge every such turn is a new
+root of the capture graph. The bridge matches a request's history against the turns this session
+sampled and, on a match, sends the engine (``TOKENS_ROUTE``) the matched turn's prompt + sampled ids,
+the template's closing ids of that turn, and the template's rendering of only the messages after it.
+
+Match. ``History`` fingerprints a request: a digest chained over the tools, the template kwargs and
+each message's semantic form (role; text with a leading ``<think>`` block cut off and outer whitespace
+stripped; tool calls as name + canonical JSON of the parsed arguments; call ids and reasoning fields
+ignored), taken at every assistant message. ``BridgeIndex`` maps the digest of each recorded turn's
+request + response to the turn; the longest prefix of a new history that ends in an assistant message
+and equals a recorded turn is bridged. Anything else the agent changed (compaction, an edited or
+dropped message, other tools) matches a shorter prefix or none: the graph branches there or starts a
+new root, as it does without the bridge.
+
+Suffix. With turn ``N`` matched at message ``i``: ``prefix = tokenize(messages[:i+1])`` without and
+``full = tokenize(messages)`` with the generation prompt (the request's tools and template kwargs, and
+``N``'s sampled reasoning restored where the agent dropped it). The bridged prompt is ``N``'s prompt +
+sampled ids, the ids ``prefix`` has after its last occurrence of ``N``'s final id (the stop id; at most
+``MAX_TRAILER``), then ``full[len(prefix):]``. It is exact only when ``full`` starts with ``prefix``;
+otherwise the call falls back to the engine's rendering of the messages and says why.
+
+Reasoning. A template that drops past turns' reasoning once a new user turn follows (Qwen3's) fails the
+prefix test there. ``bridge_reasoning="fork"`` (the default) falls back: the model sees what the
+template shows it, as at inference without the bridge, and a tool loop (one user turn) is bridged
+whole. ``"keep"`` bridges anyway (the suffix from the renderings without reasoning): fewer rows, but
+the model sees its own past reasoning where inference would not, and contexts grow by it.
+
+Fallback reasons (``metadata["bridge_fallback"]``, ``BridgeStats.fallbacks``), recorded only for a
+history with an assistant message: ``rewrite`` (no prefix matches a sampled turn), ``re-render`` (the
+template renders the matched history differently once the new messages follow, or does not close the
+turn with its stop id), ``reasoning`` (fork: the template drops the matched turns' reasoning),
+``unfinished`` (the matched turn ended on a length cut or could have ended on a stop string),
+``unsupported`` (the engine serves no token route), ``engine`` (``/tokenize`` failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.capture_graph import CaptureGraph
+from proxy.engine_client import EngineClient, UpstreamError
+
+REASONING_MODES = ("fork", "keep")
+MAX_TRAILER = 8  # ids a template may put after a turn's stop id ("\n" for ChatML)
+CLOSED_FINISH = frozenset({"stop", "tool_calls"})
+REWRITE, RE_RENDER, REASONING, UNFINISHED, UNSUPPORTED, ENGINE = (
+    "rewrite",
+    "re-render",
+    "reasoning",
+    "unfinished",
+    "unsupported",
+    "engine",
+)
+
+
+def _text(content: Any) -> str | list[Any]:
+    """A message's content as text (None, "" and text parts alike); non-text parts are kept as they are."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type", "text") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)
+    return content
+
+
+def _arguments(arguments: Any) -> Any:
+    """Tool call arguments parsed from JSON where they are a JSON string, else as given."""
+    if isinstance(arguments, str):
+        try:
+            return orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _call(call: Any) -> Any:
+    """A tool call as ``[name, parsed arguments]`` (its id dropped); anything else as it is."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return call
+    return [function.get("name"), _arguments(function.get("arguments"))]
+
+
+def _semantic(message: Any) -> bytes:
+    """The bytes two messages share iff an agent could have re-serialised one into the other."""
+    if not isinstance(message, dict):
+        return orjson.dumps(message)
+    role = message.get("role")
+    text = _text(message.get("content"))
+    if isinstance(text, str):
+        if role == "assistant" and "</think>" in text:
+            text = text.split("</think>")[-1]
+        text = text.strip()
+    calls = message.get("tool_calls") or []
+    calls = [_call(call) for call in calls] if isinstance(calls, list) else calls
+    try:
+        return orjson.dumps([role, text, calls], option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # parsed arguments orjson can't write back (an integer past 64 bits): compare them as sent
+        return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+
+
+def reasoning_of(message: dict[str, Any]) -> str:
+    """The reasoning an assistant message carries: its reasoning field, else an inline ``<think>`` block."""
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        return reasoning
+    content = message.get("content")
+    if isinstance(content, str) and "</think>" in content:
+        return content.split("</think>")[0].split("<think>")[-1].strip("\n")
+    return ""
+
+
+def _is_assistant(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "assistant"
+
+
+def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in message.items() if k not in ("reasoning_content", "reasoning")}
+    if isinstance(out.get("content"), str) and "</think>" in out["content"]:
+        out["content"] = out["content"].split("</think>")[-1].lstrip("\n")
+    return out
+
+
+class History:
+    """A request's semantic fingerprints: ``boundaries`` is ``(index, digest)`` at each assistant message,
+    the digest covering the tools, the template kwargs and every message up to that one."""
+
+    __slots__ = ("_state", "boundaries")
+
+    def __init__(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, template_kwargs: dict[str, Any] | None
+    ) -> None:
+        state = hashlib.blake2b(orjson.dumps([tools or [], template_kwargs or {}], option=orjson.OPT_SORT_KEYS))
+        self.boundaries: list[tuple[int, bytes]] = []
+        for index, message in enumerate(messages):
+            state.update(_semantic(message))
+            if _is_assistant(message):
+                self.boundaries.append((index, state.digest()))
+        self._state = state
+
+    def key(self, response_message: dict[str, Any]) -> bytes:
+        """The digest of this history followed by ``response_message``: what a later history that re-sends the
+        reply matches at its assistant message."""
+        state = self._state.copy()
+        state.update(_semantic(response_message))
+        return state.digest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Sampled:
+    node_id: str
+    reasoning: str  # what the turn sampled as reasoning, "" when nothing
+    closed: bool  # it ended on an id the template closes the turn with (not a length cut, no stop string)
+
+
+@dataclass
+class BridgeStats:
+    """A session's bridge counters: turns bridged, prompt ids their rows did not repeat, fallbacks by reason."""
+
+    bridged: int = 0
+    saved_tokens: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bridged": self.bridged, "saved_tokens": self.saved_tokens, "fallbacks": dict(self.fallbacks)}
+
+
+class BridgeIndex:
+    """The turns a session sampled, by the fingerprint of their request + response, and the bridge's counters."""
+
+    def __init__(self) -> None:
+        self._sampled: dict[bytes, _Sampled] = {}
+        self.stats = BridgeStats()
+
+    def add(
+        self,
+        node_id: str,
+        history: History,
+        response: dict[str, Any],
+        sampled_ids: list[int],
+        metadata: dict[str, Any],
+    ) -> None:
+        """Index a recorded turn (``response``: its ``{"choices": [{"message", "finish_reason"}]}``; a turn without
+        a message is not indexed) and count it from its ``metadata`` (``BridgePlan.metadata``)."""
+        choices = response.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        message = choice.get("message")
+        if isinstance(message, dict):
+            closed = bool(sampled_ids) and choice.get("finish_reason") in CLOSED_FINISH
+            closed = closed and not (metadata.get("sampling_params") or {}).get("stop")
+            self._sampled.setdefault(history.key(message), _Sampled(node_id, reasoning_of(message), closed))
+        if metadata.get("bridged"):
+            self.stats.bridged += 1
+            self.stats.saved_tokens += metadata.get("bridge_saved_tokens", 0)
+        elif metadata.get("bridge_fallback"):
+            self.stats.fallbacks[metadata["bridge_fallback"]] += 1
+
+    def matches(self, history: History) -> list[tuple[int, _Sampled]]:
+        """``(message index, turn)`` of every assistant message of ``history`` whose prefix this session sampled."""
+        return [(index, hit) for index, digest in history.boundaries if (hit := self._sampled.get(digest))]
+
+
+@dataclass(frozen=True, slots=True)
+class BridgePlan:
+    """How one call is prompted: ``tokens`` (bridged) or the engine's rendering (``tokens`` None, with the
+    ``fallback`` reason when the history had an assistant message and the bridge was on)."""
+
+    history: History
+    tokens: list[int] | None = None
+    fallback: str | None = None
+    saved_tokens: int = 0  # bridged: the parent's ids a row would repeat had the engine rendered the messages
+
+    def metadata(self) -> dict[str, Any]:
+        """The turn's bridge metadata: ``bridged``; ``bridge_saved_tokens`` when bridged, ``bridge_fallback`` when
+        there is a reason it was not."""
+        out: dict[str, Any] = {"bridged": self.tokens is not None}
+        if self.tokens is not None:
+            out["bridge_saved_tokens"] = self.saved_tokens
+        if self.fallback:
+            out["bridge_fallback"] = self.fallback
+        return out
+
+
+async def plan_prompt(
+    body: dict[str, Any],
+    *,
+    index: BridgeIndex,
+    graph: CaptureGraph,
+    client: EngineClient,
+    enabled: bool,
+    reasoning: str,
+    has_route: Callable[[], Awaitable[bool]],
+) -> BridgePlan:
+    """The prompt of the engine request ``body`` (see the module docstring); never raises for the engine's sake:
+    an engine that can't bridge is a fallback, and the chat route then answers as it would have."""
+    messages, tools, kwargs = body["messages"], body.get("tools"), body.get("chat_template_kwargs")
+    history = History(messages, tools, kwargs)
+    if not enabled or not history.boundaries:
+        return BridgePlan(history)
+    matches = index.matches(history)
+    if not matches:
+        return BridgePlan(history, fallback=REWRITE)
+    end, turn = matches[-1]
+    if not turn.closed:
+        return BridgePlan(history, fallback=UNFINISHED)
+    try:
+        if not await has_route():
+            return BridgePlan(history, fallback=UNSUPPORTED)
+        restored = list(messages)
+        for at, hit in matches:
+            if hit.reasoning and not reasoning_of(restored[at]):
+                restored[at] = {**restored[at], "reasoning_content": hit.reasoning}
+        renderings = await _renderings(client, body, restored, end)
+        if renderings is None and any(reasoning_of(m) for m in restored[: end + 1] if _is_assistant(m)):
+            stripped = [_without_reasoning(m) if _is_assistant(m) else m for m in restored[: end + 1]]
+            renderings = await _renderings(client, body, stripped + restored[end + 1 :], end)
+            if renderings is not None and reasoning == "fork":
+                return BridgePlan(history, fallback=REASONING)
+    except UpstreamError:
+        return BridgePlan(history, fallback=ENGINE)
+    if renderings is None:
+        return BridgePlan(history, fallback=RE_RENDER)
+    prefix, suffix, full = renderings
+    ids = graph.end_ids(turn.node_id)
+    trailer = _trailer(prefix, ids[-1])
+    if trailer is None:
+        return BridgePlan(history, fallback=RE_RENDER)
+    saved = 0 if full[: len(ids)] == ids else len(ids)  # the rendering extends the turn anyway: nothing saved
+    return BridgePlan(history, tokens=ids + trailer + suffix, saved_tokens=saved)
+
+
+async def _renderings(
+    client: EngineClient, body: dict[str, Any], messages: list[dict[str, Any]], end: int
+) -> tuple[list[int], list[int], list[int]] | None:
+    """``(prefix, suffix, full)``: the rendering of ``messages[:end+1]``, what the rendering of all of them (with
+    the generation prompt, ``full``) adds to it; None when ``full`` does not start with ``prefix``."""
+    request = {"model": body["model"]}
+    for key in ("tools", "chat_template_kwargs"):
+        if body.get(key):
+            request[key] = body[key]
+    prefix, full = await asyncio.gather(
+        client.tokenize({**request, "messages": messages[: end + 1], "add_generation_prompt": False}),
+        client.tokenize({**request, "messages": messages, "add_generation_prompt": True}),
+    )
+    if len(full) <= len(prefix) or full[: len(prefix)] != prefix:
+        return None
+    return prefix, full[len(prefix) :], full
+
+
+def _trailer(rendering: list[int], stop_id: int) -> list[int] | None:
+    """The ids ``rendering`` has after its last ``stop_id``, if that is within its last ``MAX_TRAILER + 1`` ids."""
+    for position in range(len(rendering) - 1, max(-1, len(rendering) - MAX_TRAILER - 2), -1):
+        if rendering[position] == stop_id:
+            return rendering[position + 1 :]
+    return None

@@ -1,0 +1,353 @@
+"""The token-in bridge: a history the session sampled, re-sent re-serialised, is prompted with the sampled ids.
+
+The fake engine serialises tool call arguments as vLLM's parser does (``{"command": "..."}``); the agents here
+send them back compactly, so without the bridge every turn after the first is a new root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
+
+from bench.fake_vllm import IM_END, NEWLINE, render_prompt, tokenize
+from proxy.bridge import History
+from proxy.capture_graph import sequences_from_trace
+from proxy.trace import TrainingTrace
+from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
+from tests.proxy.wire import CHAT, RESPONSES, ROUTES, agent_headers, post, valid_body
+
+SAMPLING = {"temperature": 0.7}
+
+
+def _compact(arguments: str) -> str:
+    return json.dumps(json.loads(arguments), separators=(",", ":"))
+
+
+def _next_body(route: str, body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """``body`` followed by ``reply`` (its tool call re-serialised compactly, as agents do) and the tool's result."""
+    body = orjson.loads(orjson.dumps(body))
+    if route == CHAT:
+        message = reply["choices"][0]["message"]
+        calls = [
+            {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
+            for call in message["tool_calls"]
+        ]
+        body["messages"] += [
+            {"role": "assistant", "content": message["content"], "tool_calls": calls},
+            *({"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in calls),
+        ]
+    elif route == RESPONSES:
+        for item in reply["output"]:
+            assert item["type"] == "function_call", item
+            call = {"type": "function_call", "call_id": item["call_id"], "name": item["name"]}
+            body["input"] += [
+                {**call, "arguments": _compact(item["arguments"])},
+                {"type": "function_call_output", "call_id": item["call_id"], "output": "ok"},
+            ]
+    else:
+        uses = [block for block in reply["content"] if block["type"] == "tool_use"]
+        body["messages"] += [
+            {"role": "assistant", "content": reply["content"]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "ok"} for use in uses],
+            },
+        ]
+    return body
+
+
+_PROMPT_COUNT = re.compile(rb'("(?:prompt_tokens|input_tokens|total_tokens)":\s*)\d+')
+
+
+def _without_prompt_counts(body: bytes) -> bytes:
+    """The reply with its prompt's token counts blanked: the two prompts differ, by design, in length."""
+    return _PROMPT_COUNT.sub(rb"\1_", body)
+
+
+def _suffix(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    """The fake template's rendering of what follows the last assistant message."""
+    end = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    prefix = render_prompt(messages[: end + 1], tools, add_generation_prompt=False)
+    full = render_prompt(messages, tools)
+    assert full[: len(prefix)] == prefix
+    return full[len(prefix) :]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_bridged_turn_extends_its_parent_and_the_agent_reads_the_same_reply(
+    tmp_path: Path, route: str, stream: bool
+) -> None:
+    async def scenario(stack: Stack) -> None:
+        replies, traces = {}, {}
+        for bridge in (True, False):
+            key = await stack.create_session(sampling=SAMPLING, bridge=bridge)
+            headers = agent_headers(route, key)
+            first = valid_body(route)
+            reply = await post(stack.http, stack.url + route, first, headers)
+            assert reply.status == 200, reply.body
+            second = _next_body(route, first, reply.json)
+            if stream:
+                second["stream"] = True
+            reply = await post(stack.http, stack.url + route, second, headers)
+            assert reply.status == 200, reply.body
+            replies[bridge], traces[bridge] = reply.body, await stack.trace(key)
+        assert stack.engine.token_calls == 1
+        assert _without_prompt_counts(replies[True]) == _without_prompt_counts(replies[False])
+
+        parent, turn = traces[True]["turns"]
+        messages, tools = turn["request"]["messages"], turn["request"]["tools"] or None
+        assert parent["completion_token_ids"][-1] == IM_END
+        bridged = parent["prompt_token_ids"] + parent["completion_token_ids"] + [NEWLINE] + _suffix(messages, tools)
+        assert turn["prompt_token_ids"] == bridged
+        assert turn["metadata"]["bridged"] is True and turn["metadata"]["parent_id"] == parent["node_id"]
+        assert "bridge_fallback" not in turn["metadata"] and parent["metadata"]["bridged"] is False
+        assert turn["completion_token_ids"] == traces[False]["turns"][1]["completion_token_ids"]
+        assert turn["per_token_logps"] == traces[False]["turns"][1]["per_token_logps"]  # the policy's temperature
+
+        plain = traces[False]["turns"][1]
+        assert plain["metadata"]["parent_id"] is None and plain["metadata"]["bridged"] is False
+        assert plain["prompt_token_ids"] == render_prompt(messages, tools)  # the re-serialised history
+
+    run_stack(scenario, tmp_path, engine_options={"sample_seed": 7})
+
+
+async def _agent_loop(stack: Stack, key: str, turns: int, *, user_turns: bool = False) -> list[dict[str, Any]]:
+    """A chat agent that sends its tool calls back compactly; ``user_turns``: a user message after each text."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "an agent"}, {"role": "user", "content": "go"}]
+    for _ in range(turns):
+        status, reply = await stack.chat(key, messages, tools=TOOLS)
+        assert status == 200, reply
+        message = reply["choices"][0]["message"]
+        calls = [
+            {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
+            for call in message.get("tool_calls") or []
+        ]
+        messages.append(
+            {"role": "assistant", "content": message["content"], **({"tool_calls": calls} if calls else {})}
+        )
+        messages += [{"role": "tool", "tool_call_id": call["id"], "content": "ran"} for call in calls]
+        if not calls:
+            messages.append({"role": "user", "content": "continue" if user_turns else "ok"})
+    return messages
+
+
+def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_row(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> None:
+        rows, saved, sampled, bridged_turns = {}, {}, {}, []
+        for bridge in (True, False):
+            key = await stack.create_session(sampling=SAMPLING, bridge=bridge)
+            await _agent_loop(stack, key, 6)
+            raw = await stack.trace(key)
+            OpenEnvTrainingTrace.model_validate_json(orjson.dumps(raw))
+            sequences = sequences_from_trace(TrainingTrace.model_validate(raw))
+            rows[bridge] = sequences
+            sampled[bridge] = sum(len(t["completion_token_ids"]) for t in raw["turns"])
+            bridged_turns += [t for t in raw["turns"] if t["metadata"]["bridged"]]
+            saved[bridge] = (await stack.describe(key))["stats"]["bridge"]
+            assert [t["metadata"]["bridged"] for t in raw["turns"]] == [False] + [bridge] * 5
+        # Without the bridge each turn after a tool call is a new root (text turns re-render as sampled).
+        assert len(rows[True]) == 1 and len(rows[False]) == 4
+        assert sum(rows[True][0].loss_mask) == sampled[True]  # every turn trains, in the one row
+        assert saved[True]["bridged"] == 5 and saved[True]["fallbacks"] == {}
+        # Saved: per bridged turn, the parent's ids (all of its prompt but the trailer "\n" and the suffix) that a
+        # new root would repeat had the engine rendered the re-serialised history.
+        assert saved[True]["saved_tokens"] == sum(
+            len(t["prompt_token_ids"]) - 1 - len(_suffix(t["request"]["messages"], TOOLS)) for t in bridged_turns
+        )
+        assert saved[False] == {"bridged": 0, "saved_tokens": 0, "fallbacks": {}}
+        assert stack.engine.tokenize_calls == 10 and stack.engine.token_calls == 5
+
+        echoing = await stack.create_session(sampling=SAMPLING)  # sends the calls back as it got them
+        await agent_turns(stack, echoing, 4)
+        turns = (await stack.trace(echoing))["turns"]
+        assert [(t["metadata"]["bridged"], t["metadata"].get("bridge_saved_tokens")) for t in turns[1:]] == [
+            (True, 0)
+        ] * 3  # bridged, but the rendering extended the parent anyway: nothing saved
+        assert (await stack.describe(echoing))["stats"]["bridge"]["saved_tokens"] == 0
+
+    run_stack(scenario, tmp_path)
+
+
+async def _fallbacks(stack: Stack, key: str) -> list[tuple[bool, str | None, bool]]:
+    """Per turn after the first: (bridged, fallback reason, whether it is a root)."""
+    turns = (await stack.trace(key))["turns"][1:]
+    return [
+        (t["metadata"]["bridged"], t["metadata"].get("bridge_fallback"), t["metadata"]["parent_id"] is None)
+        for t in turns
+    ]
+
+
+def test_a_history_the_agent_rewrote_starts_a_new_root_and_says_so(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        messages = await _agent_loop(stack, key, 2)
+        compacted = [messages[0], {"role": "user", "content": "summary: ran a command"}, *messages[-3:]]
+        status, _ = await stack.chat(key, compacted, tools=TOOLS)
+        assert status == 200
+        edited = [*messages[:3], {**messages[3], "content": "edited"}, *messages[4:]]  # a tool result changed
+        status, _ = await stack.chat(key, edited, tools=TOOLS)
+        assert status == 200
+        fewer_tools = await stack.chat(key, messages, tools=[{**TOOLS[0], "function": {"name": "sh"}}])
+        assert fewer_tools[0] == 200
+        # The edited history still matches its first sampled turn: bridged there, a branch of it, not a root.
+        assert await _fallbacks(stack, key) == [
+            (True, None, False),
+            (False, "rewrite", True),
+            (True, None, False),
+            (False, "rewrite", True),
+        ]
+        trace = await stack.trace(key)
+        assert trace["turns"][3]["metadata"]["parent_id"] == trace["turns"][0]["node_id"]
+        described = (await stack.describe(key))["stats"]["bridge"]
+        assert described["bridged"] == 2 and described["fallbacks"] == {"rewrite": 2}
+
+    run_stack(scenario, tmp_path)
+
+
+def test_a_template_that_re_renders_earlier_turns_falls_back(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        await _agent_loop(stack, key, 3)
+        assert await _fallbacks(stack, key) == [(False, "re-render", True)] * 2
+        assert stack.engine.token_calls == 0
+
+    run_stack(scenario, tmp_path, engine_options={"count_messages": True})
+
+
+def test_an_unfinished_turn_an_engine_without_the_route_and_a_session_that_opts_out_are_not_bridged(
+    tmp_path: Path,
+) -> None:
+    def cut(completion: dict[str, Any]) -> dict[str, Any]:
+        completion["choices"][0]["finish_reason"] = "length"
+        return completion
+
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        stack.engine.faults = [("patch", cut)]
+        await _agent_loop(stack, key, 2)
+        assert await _fallbacks(stack, key) == [(False, "unfinished", True)]
+
+        off = await stack.create_session(sampling=SAMPLING, bridge=False)
+        await _agent_loop(stack, off, 2)
+        assert await _fallbacks(stack, off) == [(False, None, True)]
+        assert stack.engine.tokenize_calls == 0 and stack.engine.token_calls == 0
+
+    run_stack(scenario, tmp_path)
+
+    async def plain_vllm(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        await _agent_loop(stack, key, 3)
+        assert await _fallbacks(stack, key) == [(False, "unsupported", True), (False, "unsupported", False)]
+        assert stack.engine.tokenize_calls == 0
+
+    run_stack(plain_vllm, tmp_path / "plain", engine_options={"token_route": False})
+
+
+@pytest.mark.parametrize("mode", ["fork", "keep"])
+@pytest.mark.parametrize("agent_keeps_reasoning", [True, False], ids=["agent-keeps", "agent-drops"])
+def test_reasoning_the_template_drops_forks_or_is_kept_as_sampled(
+    tmp_path: Path, mode: str, agent_keeps_reasoning: bool
+) -> None:
+    """A tool loop re-renders its reasoning and is bridged either way (the sampled reasoning restored for the
+    check when the agent dropped it); a new user turn drops it: ``fork`` starts a root, ``keep`` keeps the ids."""
+
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING, bridge_reasoning=mode)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        for _ in range(3):  # a tool call, a text reply, then a new user turn's call
+            status, reply = await stack.chat(key, messages, tools=TOOLS)
+            assert status == 200, reply
+            message = reply["choices"][0]["message"]
+            assert message["reasoning_content"]
+            sent = {"role": "assistant", "content": message["content"]}
+            if agent_keeps_reasoning:
+                sent["reasoning_content"] = message["reasoning_content"]
+            calls = message.get("tool_calls") or []
+            if calls:
+                sent["tool_calls"] = [
+                    {**c, "function": {**c["function"], "arguments": _compact(c["function"]["arguments"])}}
+                    for c in calls
+                ]
+            messages += [sent, *({"role": "tool", "tool_call_id": c["id"], "content": "ran"} for c in calls)]
+            if not calls:
+                messages.append({"role": "user", "content": "and now?"})
+        user_turn = (True, None, False) if mode == "keep" else (False, "reasoning", True)
+        assert await _fallbacks(stack, key) == [(True, None, False), user_turn]
+        if mode == "keep":  # the user turn's prompt holds the text turn's sampled reasoning
+            parent = (await stack.trace(key))["turns"][1]
+            assert parent["completion_token_ids"][:4] == list(tokenize("<think>plan 1</t"))
+
+    run_stack(scenario, tmp_path, engine_options={"reasoning": True})
+
+
+def test_a_recovered_session_keeps_bridging_and_metrics_count_the_bridge(tmp_path: Path) -> None:
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}  # part of the match, so journaled with the turn
+    state: dict[str, Any] = {}
+
+    async def before(stack: Stack) -> None:
+        state["key"] = key = await stack.create_session(sampling=SAMPLING)
+        messages = [{"role": "user", "content": "go"}]
+        status, reply = await stack.chat(key, messages, tools=TOOLS, **kwargs)
+        assert status == 200
+        call = reply["choices"][0]["message"]["tool_calls"][0]
+        compact = {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [compact]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "ran"},
+        ]
+        state["messages"] = messages
+        state["before"] = (await stack.describe(key))["stats"]["bridge"]
+
+    async def after(stack: Stack) -> None:
+        key = state["key"]
+        assert (await stack.describe(key))["stats"]["bridge"] == state["before"]
+        status, _ = await stack.chat(key, state["messages"], tools=TOOLS, **kwargs)
+        assert status == 200
+        status, _ = await stack.chat(key, [{"role": "assistant", "content": "hi"}, *state["messages"]], tools=TOOLS)
+        assert status == 200
+        assert await _fallbacks(stack, key) == [(True, None, False), (False, "rewrite", True)]
+        stats = (await stack.describe(key))["stats"]["bridge"]
+        async with stack.http.get(f"{stack.url}/metrics") as resp:
+            metrics = await resp.text()
+        assert (
+            "proxy_bridged_turns_total 1\n" in metrics
+            and 'proxy_bridge_fallbacks_total{reason="rewrite"} 1\n' in metrics
+        )
+        assert stats["saved_tokens"] > 0 and f"proxy_bridge_saved_tokens_total {stats['saved_tokens']}\n" in metrics
+
+    run_stack(before, tmp_path)
+    run_stack(after, tmp_path)
+
+
+def test_the_match_is_semantic() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"a": 1, "b": [2, 3]}'}}
+    sampled = {"role": "assistant", "content": "<think>\nhm\n</think>\n\nOK ", "tool_calls": [call]}
+    user = {"role": "user", "content": [{"type": "text", "text": "go"}]}
+    index_key = History([user], None, None).key(sampled)
+
+    def boundary(message: dict[str, Any], first: dict[str, Any] = user, tools: Any = None) -> bytes:
+        return History([first, message], tools, None).boundaries[-1][1]
+
+    resent = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "OK"}],
+        "tool_calls": [{"id": "toolu_9", "function": {"name": "bash", "arguments": '{"b":[2,3],"a":1}'}}],
+    }
+    assert boundary(resent) == boundary({**resent, "reasoning_content": "hm"}) == index_key
+    assert boundary(resent, {"role": "user", "content": "go"}) == index_key
+    different = [
+        {**resent, "content": "OK!"},
+        {**resent, "tool_calls": [{"function": {"name": "bash", "arguments": '{"a": 1, "b": [3, 2]}'}}]},
+        {**resent, "tool_calls": [{"function": {"name": "sh", "arguments": '{"a": 1, "b": [2, 3]}'}}]},
+        {**resent, "tool_calls": []},
+    ]
+    assert index_key not in {boundary(message) for message in different}
+    assert boundary(resent, {"role": "user", "content": "go on"}) != index_key
+    assert boundary(resent, tools=TOOLS) != index_key
