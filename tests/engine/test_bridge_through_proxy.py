@@ -106,9 +106,9 @@ def test_a_re_serialising_agent_chains_with_the_bridge_and_forks_without(
                         async with http.post(
                             f"{url}/sessions", json={"bridge": bridge, "sampling": {"temperature": 0.7}}, headers=admin
                         ) as resp:
-                            key = (await resp.json())["session_id"]
-                        called[bridge] = await _agent(http, url, key, stream)
-                        async with http.get(f"{url}/sessions/{key}/trace", headers=admin) as resp:
+                            opened = await resp.json()
+                        called[bridge] = await _agent(http, url, opened["api_key"], stream)
+                        async with http.get(f"{url}/sessions/{opened['session_id']}/trace", headers=admin) as resp:
                             traces[bridge] = await resp.read()
                     assert called[True] == called[False] == [True] * TURNS  # the warm model calls a tool each turn
                     rows = {}

@@ -88,7 +88,7 @@ def test_a_bridged_turn_extends_its_parent_and_the_agent_reads_the_same_reply(
         replies, traces = {}, {}
         for bridge in (True, False):
             key = await stack.create_session(sampling=SAMPLING, bridge=bridge)
-            headers = agent_headers(route, key)
+            headers = agent_headers(route, key.api_key)
             first = valid_body(route)
             reply = await post(stack.http, stack.url + route, first, headers)
             assert reply.status == 200, reply.body
@@ -97,7 +97,7 @@ def test_a_bridged_turn_extends_its_parent_and_the_agent_reads_the_same_reply(
                 second["stream"] = True
             reply = await post(stack.http, stack.url + route, second, headers)
             assert reply.status == 200, reply.body
-            replies[bridge], traces[bridge] = reply.body, await stack.trace(key)
+            replies[bridge], traces[bridge] = reply.body, await stack.trace(key.session_id)
         assert stack.engine.token_calls == 1
         assert _without_prompt_counts(replies[True]) == _without_prompt_counts(replies[False])
 
@@ -143,14 +143,14 @@ def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_ro
         rows, saved, sampled, bridged_turns = {}, {}, {}, []
         for bridge in (True, False):
             key = await stack.create_session(sampling=SAMPLING, bridge=bridge)
-            await _agent_loop(stack, key, 6)
-            raw = await stack.trace(key)
+            await _agent_loop(stack, key.api_key, 6)
+            raw = await stack.trace(key.session_id)
             OpenEnvTrainingTrace.model_validate_json(orjson.dumps(raw))
             sequences = sequences_from_trace(TrainingTrace.model_validate(raw))
             rows[bridge] = sequences
             sampled[bridge] = sum(len(t["completion_token_ids"]) for t in raw["turns"])
             bridged_turns += [t for t in raw["turns"] if t["metadata"]["bridged"]]
-            saved[bridge] = (await stack.describe(key))["stats"]["bridge"]
+            saved[bridge] = (await stack.describe(key.session_id))["stats"]["bridge"]
             assert [t["metadata"]["bridged"] for t in raw["turns"]] == [False] + [bridge] * 5
         # Without the bridge each turn after a tool call is a new root (text turns re-render as sampled).
         assert len(rows[True]) == 1 and len(rows[False]) == 4
@@ -165,12 +165,12 @@ def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_ro
         assert stack.engine.tokenize_calls == 10 and stack.engine.token_calls == 5
 
         echoing = await stack.create_session(sampling=SAMPLING)  # sends the calls back as it got them
-        await agent_turns(stack, echoing, 4)
-        turns = (await stack.trace(echoing))["turns"]
+        await agent_turns(stack, echoing.api_key, 4)
+        turns = (await stack.trace(echoing.session_id))["turns"]
         assert [(t["metadata"]["bridged"], t["metadata"].get("bridge_saved_tokens")) for t in turns[1:]] == [
             (True, 0)
         ] * 3  # bridged, but the rendering extended the parent anyway: nothing saved
-        assert (await stack.describe(echoing))["stats"]["bridge"]["saved_tokens"] == 0
+        assert (await stack.describe(echoing.session_id))["stats"]["bridge"]["saved_tokens"] == 0
 
     run_stack(scenario, tmp_path)
 
@@ -187,25 +187,25 @@ async def _fallbacks(stack: Stack, key: str) -> list[tuple[bool, str | None, boo
 def test_a_history_the_agent_rewrote_starts_a_new_root_and_says_so(tmp_path: Path) -> None:
     async def scenario(stack: Stack) -> None:
         key = await stack.create_session(sampling=SAMPLING)
-        messages = await _agent_loop(stack, key, 2)
+        messages = await _agent_loop(stack, key.api_key, 2)
         compacted = [messages[0], {"role": "user", "content": "summary: ran a command"}, *messages[-3:]]
-        status, _ = await stack.chat(key, compacted, tools=TOOLS)
+        status, _ = await stack.chat(key.api_key, compacted, tools=TOOLS)
         assert status == 200
         edited = [*messages[:3], {**messages[3], "content": "edited"}, *messages[4:]]  # a tool result changed
-        status, _ = await stack.chat(key, edited, tools=TOOLS)
+        status, _ = await stack.chat(key.api_key, edited, tools=TOOLS)
         assert status == 200
-        fewer_tools = await stack.chat(key, messages, tools=[{**TOOLS[0], "function": {"name": "sh"}}])
+        fewer_tools = await stack.chat(key.api_key, messages, tools=[{**TOOLS[0], "function": {"name": "sh"}}])
         assert fewer_tools[0] == 200
         # The edited history still matches its first sampled turn: bridged there, a branch of it, not a root.
-        assert await _fallbacks(stack, key) == [
+        assert await _fallbacks(stack, key.session_id) == [
             (True, None, False),
             (False, "rewrite", True),
             (True, None, False),
             (False, "rewrite", True),
         ]
-        trace = await stack.trace(key)
+        trace = await stack.trace(key.session_id)
         assert trace["turns"][3]["metadata"]["parent_id"] == trace["turns"][0]["node_id"]
-        described = (await stack.describe(key))["stats"]["bridge"]
+        described = (await stack.describe(key.session_id))["stats"]["bridge"]
         assert described["bridged"] == 2 and described["fallbacks"] == {"rewrite": 2}
 
     run_stack(scenario, tmp_path)
@@ -214,8 +214,8 @@ def test_a_history_the_agent_rewrote_starts_a_new_root_and_says_so(tmp_path: Pat
 def test_a_template_that_re_renders_earlier_turns_falls_back(tmp_path: Path) -> None:
     async def scenario(stack: Stack) -> None:
         key = await stack.create_session(sampling=SAMPLING)
-        await _agent_loop(stack, key, 3)
-        assert await _fallbacks(stack, key) == [(False, "re-render", True)] * 2
+        await _agent_loop(stack, key.api_key, 3)
+        assert await _fallbacks(stack, key.session_id) == [(False, "re-render", True)] * 2
         assert stack.engine.token_calls == 0
 
     run_stack(scenario, tmp_path, engine_options={"count_messages": True})
@@ -231,20 +231,20 @@ def test_an_unfinished_turn_an_engine_without_the_route_and_a_session_that_opts_
     async def scenario(stack: Stack) -> None:
         key = await stack.create_session(sampling=SAMPLING)
         stack.engine.faults = [("patch", cut)]
-        await _agent_loop(stack, key, 2)
-        assert await _fallbacks(stack, key) == [(False, "unfinished", True)]
+        await _agent_loop(stack, key.api_key, 2)
+        assert await _fallbacks(stack, key.session_id) == [(False, "unfinished", True)]
 
         off = await stack.create_session(sampling=SAMPLING, bridge=False)
-        await _agent_loop(stack, off, 2)
-        assert await _fallbacks(stack, off) == [(False, None, True)]
+        await _agent_loop(stack, off.api_key, 2)
+        assert await _fallbacks(stack, off.session_id) == [(False, None, True)]
         assert stack.engine.tokenize_calls == 0 and stack.engine.token_calls == 0
 
     run_stack(scenario, tmp_path)
 
     async def plain_vllm(stack: Stack) -> None:
         key = await stack.create_session(sampling=SAMPLING)
-        await _agent_loop(stack, key, 3)
-        assert await _fallbacks(stack, key) == [(False, "unsupported", True), (False, "unsupported", False)]
+        await _agent_loop(stack, key.api_key, 3)
+        assert await _fallbacks(stack, key.session_id) == [(False, "unsupported", True), (False, "unsupported", False)]
         assert stack.engine.tokenize_calls == 0
 
     run_stack(plain_vllm, tmp_path / "plain", engine_options={"token_route": False})
@@ -262,7 +262,7 @@ def test_reasoning_the_template_drops_forks_or_is_kept_as_sampled(
         key = await stack.create_session(sampling=SAMPLING, bridge_reasoning=mode)
         messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
         for _ in range(3):  # a tool call, a text reply, then a new user turn's call
-            status, reply = await stack.chat(key, messages, tools=TOOLS)
+            status, reply = await stack.chat(key.api_key, messages, tools=TOOLS)
             assert status == 200, reply
             message = reply["choices"][0]["message"]
             assert message["reasoning_content"]
@@ -279,9 +279,9 @@ def test_reasoning_the_template_drops_forks_or_is_kept_as_sampled(
             if not calls:
                 messages.append({"role": "user", "content": "and now?"})
         user_turn = (True, None, False) if mode == "keep" else (False, "reasoning", True)
-        assert await _fallbacks(stack, key) == [(True, None, False), user_turn]
+        assert await _fallbacks(stack, key.session_id) == [(True, None, False), user_turn]
         if mode == "keep":  # the user turn's prompt holds the text turn's sampled reasoning
-            parent = (await stack.trace(key))["turns"][1]
+            parent = (await stack.trace(key.session_id))["turns"][1]
             assert parent["completion_token_ids"][:4] == list(tokenize("<think>plan 1</t"))
 
     run_stack(scenario, tmp_path, engine_options={"reasoning": True})
@@ -294,7 +294,7 @@ def test_a_recovered_session_keeps_bridging_and_metrics_count_the_bridge(tmp_pat
     async def before(stack: Stack) -> None:
         state["key"] = key = await stack.create_session(sampling=SAMPLING)
         messages = [{"role": "user", "content": "go"}]
-        status, reply = await stack.chat(key, messages, tools=TOOLS, **kwargs)
+        status, reply = await stack.chat(key.api_key, messages, tools=TOOLS, **kwargs)
         assert status == 200
         call = reply["choices"][0]["message"]["tool_calls"][0]
         compact = {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
@@ -303,17 +303,19 @@ def test_a_recovered_session_keeps_bridging_and_metrics_count_the_bridge(tmp_pat
             {"role": "tool", "tool_call_id": call["id"], "content": "ran"},
         ]
         state["messages"] = messages
-        state["before"] = (await stack.describe(key))["stats"]["bridge"]
+        state["before"] = (await stack.describe(key.session_id))["stats"]["bridge"]
 
     async def after(stack: Stack) -> None:
         key = state["key"]
-        assert (await stack.describe(key))["stats"]["bridge"] == state["before"]
-        status, _ = await stack.chat(key, state["messages"], tools=TOOLS, **kwargs)
+        assert (await stack.describe(key.session_id))["stats"]["bridge"] == state["before"]
+        status, _ = await stack.chat(key.api_key, state["messages"], tools=TOOLS, **kwargs)
         assert status == 200
-        status, _ = await stack.chat(key, [{"role": "assistant", "content": "hi"}, *state["messages"]], tools=TOOLS)
+        status, _ = await stack.chat(
+            key.api_key, [{"role": "assistant", "content": "hi"}, *state["messages"]], tools=TOOLS
+        )
         assert status == 200
-        assert await _fallbacks(stack, key) == [(True, None, False), (False, "rewrite", True)]
-        stats = (await stack.describe(key))["stats"]["bridge"]
+        assert await _fallbacks(stack, key.session_id) == [(True, None, False), (False, "rewrite", True)]
+        stats = (await stack.describe(key.session_id))["stats"]["bridge"]
         async with stack.http.get(f"{stack.url}/metrics") as resp:
             metrics = await resp.text()
         assert (
