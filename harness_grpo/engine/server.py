@@ -13,7 +13,10 @@ its status (``errors.error_body``); the server never dies on a request. The
 event loop never runs model compute: generation waits on the compute thread's
 futures, and blocking control calls and template rendering run in the default
 executor. Every wait is bounded (``request_timeout_s``, ``control_timeout_s``),
-and a client that disconnects cancels its request.
+and a client that disconnects cancels its request. Connections are bounded in
+time: one idle (no complete request head) for ``idle_timeout_s`` after opening
+or after its last reply is closed, and a body that has not arrived within
+``body_timeout_s`` (``control_timeout_s`` for a weight update) is a 408.
 
 Streaming. A chat request with ``stream: true`` is validated, rendered and
 queued before the headers (so refusals are still plain JSON errors), then
@@ -94,7 +97,10 @@ async def _error_middleware(request: web.Request, handler: Callable) -> web.Stre
     try:
         return await handler(request)
     except EngineError as exc:
-        return _error(exc.status, exc.message, exc.param)
+        response = _error(exc.status, exc.message, exc.param)
+        if exc.status == 408:  # the rest of the body may never come: don't wait for it on this connection
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -104,8 +110,17 @@ async def _error_middleware(request: web.Request, handler: Callable) -> web.Stre
         return _error(500, f"internal engine error: {type(exc).__name__}: {exc}")
 
 
+async def _body(request: web.Request, timeout_s: float) -> bytes:
+    """The request body, or a 408 when it has not arrived within ``timeout_s`` (a stalled or trickling client)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise EngineError(408, f"the request body did not arrive within {timeout_s:g} s") from None
+
+
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    data = await request.read()
+    data = await _body(request, request.app[SETTINGS_KEY]["body_timeout_s"])
     try:
         body = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -348,7 +363,8 @@ async def update_weights(request: web.Request) -> web.Response:
     version = request.query.get("version")
     if version is not None and not version.isdigit():
         raise bad_request("'version' must be a non-negative integer", "version")
-    state_dict = await _in_executor(state_dict_from_safetensors, await request.read())
+    body = await _body(request, request.app[SETTINGS_KEY]["control_timeout_s"])
+    state_dict = await _in_executor(state_dict_from_safetensors, body)
     new_version = await _in_executor(
         engine.update_weights,
         state_dict,
@@ -363,12 +379,17 @@ def build_app(
     *,
     request_timeout_s: float = 3600.0,
     control_timeout_s: float = 300.0,
+    body_timeout_s: float = 60.0,
     client_max_size: int = 1 << 36,
 ) -> web.Application:
     """The aiohttp application serving ``engine``."""
     app = web.Application(middlewares=[_error_middleware], client_max_size=client_max_size)
     app[ENGINE_KEY] = engine
-    app[SETTINGS_KEY] = {"request_timeout_s": request_timeout_s, "control_timeout_s": control_timeout_s}
+    app[SETTINGS_KEY] = {
+        "request_timeout_s": request_timeout_s,
+        "control_timeout_s": control_timeout_s,
+        "body_timeout_s": body_timeout_s,
+    }
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions/tokens", chat_completions_tokens)
     app.router.add_post("/v1/completions", completions)
@@ -386,10 +407,19 @@ def build_app(
 class EngineServer:
     """``engine`` served on ``host:port`` (0 picks a free port) on the running event loop."""
 
-    def __init__(self, engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0, **app_kwargs: Any) -> None:
+    def __init__(
+        self,
+        engine: EmbeddedEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        idle_timeout_s: float = 75.0,
+        **app_kwargs: Any,
+    ) -> None:
         self.engine = engine
         self.host = host
         self.port = port
+        self.idle_timeout_s = idle_timeout_s
         self._app_kwargs = app_kwargs
         self._runner: web.AppRunner | None = None
 
@@ -400,7 +430,13 @@ class EngineServer:
 
     async def start(self) -> str:
         """Bind and serve; returns the base URL."""
-        runner = web.AppRunner(build_app(self.engine, **self._app_kwargs), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(
+            build_app(self.engine, **self._app_kwargs),
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=self.idle_timeout_s,
+            lingering_time=min(self._app_kwargs.get("body_timeout_s", 60.0), 10.0),  # draining an unread body
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()
