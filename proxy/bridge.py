@@ -23,6 +23,14 @@ sampled ids, the ids ``prefix`` has after its last occurrence of ``N``'s final i
 ``MAX_TRAILER``), then ``full[len(prefix):]``. It is exact only when ``full`` starts with ``prefix``;
 otherwise the call falls back to the engine's rendering of the messages and says why.
 
+Cost. A call pays for its new messages, not its history: ``History`` takes over the digest state of the
+session's previous call where that request is the start of this one (``extends``), and one ``/tokenize``
+does where the session's last rendering (``full`` of the previous call) is of exactly the messages before
+the matched turn, that turn carries no reasoning, and an earlier call rendered twice taught the template's
+``closing`` (its trailer and the first id of the next message): ``full`` must start with the last rendering,
+the turn closes at the first stop id after it, which ``closing`` must follow, and the prompt is the turn's
+ids + ``full`` after that stop id, the same ids as from two renderings. Otherwise it renders both.
+
 Reasoning. A template that drops past turns' reasoning once a new user turn follows (Qwen3's) fails the
 prefix test there. ``bridge_reasoning="fork"`` (the default) falls back: the model sees what the
 template shows it, as at inference without the bridge, and a tool loop (one user turn) is bridged
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from array import array
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -133,16 +142,32 @@ def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
 
 class History:
     """A request's semantic fingerprints: ``boundaries`` is ``(index, digest)`` at each assistant message,
-    the digest covering the tools, the template kwargs and every message up to that one."""
+    the digest covering the tools, the template kwargs and every message up to that one.
 
-    __slots__ = ("_state", "boundaries")
+    ``extends``: an earlier request's fingerprints (the session's previous call). Where its messages, tools
+    and kwargs are equal to the start of these, its digest state is taken over and only the later messages
+    are hashed, so a session's fingerprints cost its new messages, not its whole history, per call.
+    """
+
+    __slots__ = ("_state", "boundaries", "head", "messages")
 
     def __init__(
-        self, messages: list[dict[str, Any]], tools: list[Any] | None, template_kwargs: dict[str, Any] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[Any] | None,
+        template_kwargs: dict[str, Any] | None,
+        *,
+        extends: History | None = None,
     ) -> None:
-        state = hashlib.blake2b(orjson.dumps([tools or [], template_kwargs or {}], option=orjson.OPT_SORT_KEYS))
-        self.boundaries: list[tuple[int, bytes]] = []
-        for index, message in enumerate(messages):
+        self.head = orjson.dumps([tools or [], template_kwargs or {}], option=orjson.OPT_SORT_KEYS)
+        self.messages = messages
+        start = len(extends.messages) if extends is not None else 0
+        if extends is not None and extends.head == self.head and messages[:start] == extends.messages:
+            state, self.boundaries = extends._state.copy(), list(extends.boundaries)
+        else:
+            state, self.boundaries, start = hashlib.blake2b(self.head), [], 0
+        for index in range(start, len(messages)):
+            message = messages[index]
             state.update(_semantic(message))
             if _is_assistant(message):
                 self.boundaries.append((index, state.digest()))
@@ -176,11 +201,20 @@ class BridgeStats:
 
 
 class BridgeIndex:
-    """The turns a session sampled, by the fingerprint of their request + response, and the bridge's counters."""
+    """The turns a session sampled, by the fingerprint of their request + response, and the bridge's counters.
+
+    It also keeps what makes the next call cheap: ``last``, the previous call's fingerprints (``History``'s
+    ``extends``); the previous call's rendering (``_Rendered``); and ``closing``, the ids the template puts
+    after a closed turn's stop id and the first id of the message that follows, learned from a call rendered
+    twice.
+    """
 
     def __init__(self) -> None:
         self._sampled: dict[bytes, _Sampled] = {}
         self.stats = BridgeStats()
+        self.last: History | None = None
+        self.rendered: _Rendered | None = None
+        self.closing: list[int] | None = None
 
     def add(
         self,
@@ -231,6 +265,16 @@ class BridgePlan:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    """A call's ``/tokenize`` rendering (with the generation prompt) of ``messages`` under ``head`` (the tools
+    and template kwargs, as ``History`` writes them)."""
+
+    messages: list[dict[str, Any]]
+    head: bytes
+    ids: array[int]
+
+
 async def plan_prompt(
     body: dict[str, Any],
     *,
@@ -244,7 +288,7 @@ async def plan_prompt(
     """The prompt of the engine request ``body`` (see the module docstring); never raises for the engine's sake:
     an engine that can't bridge is a fallback, and the chat route then answers as it would have."""
     messages, tools, kwargs = body["messages"], body.get("tools"), body.get("chat_template_kwargs")
-    history = History(messages, tools, kwargs)
+    history = index.last = History(messages, tools, kwargs, extends=index.last)
     if not enabled or not history.boundaries:
         return BridgePlan(history)
     matches = index.matches(history)
@@ -253,6 +297,7 @@ async def plan_prompt(
     end, turn = matches[-1]
     if not turn.closed:
         return BridgePlan(history, fallback=UNFINISHED)
+    ids = graph.end_ids(turn.node_id)
     try:
         if not await has_route():
             return BridgePlan(history, fallback=UNSUPPORTED)
@@ -260,38 +305,103 @@ async def plan_prompt(
         for at, hit in matches:
             if hit.reasoning and not reasoning_of(restored[at]):
                 restored[at] = {**restored[at], "reasoning_content": hit.reasoning}
-        renderings = await _renderings(client, body, restored, end)
-        if renderings is None and any(reasoning_of(m) for m in restored[: end + 1] if _is_assistant(m)):
-            stripped = [_without_reasoning(m) if _is_assistant(m) else m for m in restored[: end + 1]]
-            renderings = await _renderings(client, body, stripped + restored[end + 1 :], end)
-            if renderings is not None and reasoning == "fork":
-                return BridgePlan(history, fallback=REASONING)
+        request = _tokenize_request(body)
+        full = at = None
+        rendered, closing = index.rendered, index.closing  # the last call's: this call's rendering replaces it
+        if rendered is not None and closing is not None and _renders_once(rendered, restored, end, history):
+            full = await _full(client, request, restored, history, index)
+            at = _closing_stop(full, rendered.ids, closing, ids[-1])
+        if at is not None:
+            tokens = ids + full[at + 1 :]
+        else:
+            renderings = await _renderings(client, request, restored, end, history, index, full)
+            if renderings is None and any(reasoning_of(m) for m in restored[: end + 1] if _is_assistant(m)):
+                stripped = [_without_reasoning(m) if _is_assistant(m) else m for m in restored[: end + 1]]
+                renderings = await _renderings(client, request, stripped + restored[end + 1 :], end, None, index)
+                if renderings is not None and reasoning == "fork":
+                    return BridgePlan(history, fallback=REASONING)
+            if renderings is None:
+                return BridgePlan(history, fallback=RE_RENDER)
+            prefix, suffix, full = renderings
+            trailer = _trailer(prefix, ids[-1])
+            if trailer is None:
+                return BridgePlan(history, fallback=RE_RENDER)
+            index.closing = trailer + suffix[:1]
+            tokens = ids + trailer + suffix
     except UpstreamError:
         return BridgePlan(history, fallback=ENGINE)
-    if renderings is None:
-        return BridgePlan(history, fallback=RE_RENDER)
-    prefix, suffix, full = renderings
-    ids = graph.end_ids(turn.node_id)
-    trailer = _trailer(prefix, ids[-1])
-    if trailer is None:
-        return BridgePlan(history, fallback=RE_RENDER)
     saved = 0 if full[: len(ids)] == ids else len(ids)  # the rendering extends the turn anyway: nothing saved
-    return BridgePlan(history, tokens=ids + trailer + suffix, saved_tokens=saved)
+    return BridgePlan(history, tokens=tokens, saved_tokens=saved)
+
+
+def _tokenize_request(body: dict[str, Any]) -> dict[str, Any]:
+    """What a ``/tokenize`` of ``body``'s chat takes from it besides the messages."""
+    return {"model": body["model"], **{key: body[key] for key in ("tools", "chat_template_kwargs") if body.get(key)}}
+
+
+def _renders_once(rendered: _Rendered, messages: list[dict[str, Any]], end: int, history: History) -> bool:
+    """Whether one ``/tokenize`` may do: the session's last rendering is of exactly ``messages[:end]`` (the history
+    before the matched turn ``end``) under the same tools and kwargs, and the matched turn carries no reasoning
+    (a template may drop it once more messages follow)."""
+    return not reasoning_of(messages[end]) and rendered.head == history.head and messages[:end] == rendered.messages
+
+
+def _closing_stop(full: list[int], before: array[int], closing: list[int], stop_id: int) -> int | None:
+    """Where the matched turn closes in ``full``, the rendering of a history ``_renders_once`` admitted: ``full``
+    starts with ``before`` (the last rendering), and the first ``stop_id`` after it is followed by ``closing``
+    (the template's trailer and the first id of a message, learned from a call rendered twice). None where that
+    does not hold."""
+    if _packed(full[: len(before)]) != before:
+        return None
+    try:
+        at = full.index(stop_id, len(before))
+    except ValueError:
+        return None
+    return at if full[at + 1 : at + 1 + len(closing)] == closing else None
+
+
+async def _full(
+    client: EngineClient,
+    request: dict[str, Any],
+    messages: list[dict[str, Any]],
+    history: History | None,
+    index: BridgeIndex,
+) -> list[int]:
+    """The rendering of ``messages`` with the generation prompt, kept as the session's last rendering (when
+    ``history`` is the request's: not for a variant of its messages)."""
+    full = await client.tokenize({**request, "messages": messages, "add_generation_prompt": True})
+    if history is not None and (packed := _packed(full)) is not None:
+        index.rendered = _Rendered(messages, history.head, packed)
+    return full
+
+
+def _packed(ids: list[int]) -> array[int] | None:
+    """``ids`` as a compact array (None for an id past 64 bits: such a rendering is not kept)."""
+    try:
+        return array("q", ids)
+    except OverflowError:
+        return None
 
 
 async def _renderings(
-    client: EngineClient, body: dict[str, Any], messages: list[dict[str, Any]], end: int
+    client: EngineClient,
+    request: dict[str, Any],
+    messages: list[dict[str, Any]],
+    end: int,
+    history: History | None,
+    index: BridgeIndex,
+    full: list[int] | None = None,
 ) -> tuple[list[int], list[int], list[int]] | None:
     """``(prefix, suffix, full)``: the rendering of ``messages[:end+1]``, what the rendering of all of them (with
-    the generation prompt, ``full``) adds to it; None when ``full`` does not start with ``prefix``."""
-    request = {"model": body["model"]}
-    for key in ("tools", "chat_template_kwargs"):
-        if body.get(key):
-            request[key] = body[key]
-    prefix, full = await asyncio.gather(
-        client.tokenize({**request, "messages": messages[: end + 1], "add_generation_prompt": False}),
-        client.tokenize({**request, "messages": messages, "add_generation_prompt": True}),
-    )
+    the generation prompt, ``full``: rendered here unless given) adds to it; None when ``full`` does not start
+    with ``prefix``."""
+    prefix_request = {**request, "messages": messages[: end + 1], "add_generation_prompt": False}
+    if full is None:
+        prefix, full = await asyncio.gather(
+            client.tokenize(prefix_request), _full(client, request, messages, history, index)
+        )
+    else:
+        prefix = await client.tokenize(prefix_request)
     if len(full) <= len(prefix) or full[: len(prefix)] != prefix:
         return None
     return prefix, full[len(prefix) :], full

@@ -352,6 +352,7 @@ class SessionRegistry:
         config = SessionConfig(**head["config"])
         session = Session(session_id, config, self._files.journal(path), head["model"], hashed)
         ends: dict[str, list[int]] = {}  # node id -> prompt + sampled ids
+        history: History | None = None  # the previous record's: each record hashes only its new messages
         for rec in records[1:]:
             base = rec["base"]
             prompt_ids = ends[base] + rec["new_prompt_ids"] if base is not None else rec["new_prompt_ids"]
@@ -369,7 +370,9 @@ class SessionRegistry:
             )
             session._requests[rec["node_id"]] = request
             session._count(capture)
-            history = History(request["messages"], request["tools"], rec["metadata"].get("chat_template_kwargs"))
+            history = History(
+                request["messages"], request["tools"], rec["metadata"].get("chat_template_kwargs"), extends=history
+            )
             session.bridge.add(rec["node_id"], history, rec["response"], rec["sampled_ids"], rec["metadata"])
         return session
 

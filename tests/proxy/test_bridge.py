@@ -6,8 +6,10 @@ send them back compactly, so without the bridge every turn after the first is a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,8 @@ import orjson
 import pytest
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
-from bench.fake_vllm import IM_END, NEWLINE, render_prompt, tokenize
-from proxy.bridge import History
+from bench.fake_vllm import IM_END, IM_START, NEWLINE, render_prompt, tokenize
+from proxy.bridge import History, _closing_stop, _semantic
 from proxy.capture_graph import sequences_from_trace
 from proxy.trace import TrainingTrace
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
@@ -162,7 +164,8 @@ def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_ro
             len(t["prompt_token_ids"]) - 1 - len(_suffix(t["request"]["messages"], TOOLS)) for t in bridged_turns
         )
         assert saved[False] == {"bridged": 0, "saved_tokens": 0, "fallbacks": {}}
-        assert stack.engine.tokenize_calls == 10 and stack.engine.token_calls == 5
+        # Two renderings for the first bridged call (which learns how the template closes a turn), one after it.
+        assert stack.engine.tokenize_calls == 6 and stack.engine.token_calls == 5
 
         echoing = await stack.create_session(sampling=SAMPLING)  # sends the calls back as it got them
         await agent_turns(stack, echoing.api_key, 4)
@@ -171,6 +174,52 @@ def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_ro
             (True, 0)
         ] * 3  # bridged, but the rendering extended the parent anyway: nothing saved
         assert (await stack.describe(echoing.session_id))["stats"]["bridge"]["saved_tokens"] == 0
+
+    run_stack(scenario, tmp_path)
+
+
+def test_a_bridged_call_renders_once_and_fingerprints_only_its_new_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per call, the proxy's cost does not grow with the history: after the first bridged call (rendered twice, to
+    learn how the template closes a turn), one ``/tokenize`` per call, and the messages fingerprinted are the
+    call's new ones plus its reply; the prompts are the ones two renderings give."""
+    hashed = []
+    monkeypatch.setattr("proxy.bridge._semantic", lambda message: hashed.append(message) or _semantic(message))
+
+    async def scenario(stack: Stack) -> None:
+        session = await stack.create_session(sampling=SAMPLING)
+        key = session.api_key
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "an agent"}, {"role": "user", "content": "go"}]
+        costs, sent = [], 0
+        for _ in range(24):
+            renders, hashes, new = stack.engine.tokenize_calls, len(hashed), len(messages) - sent
+            sent = len(messages)
+            status, reply = await stack.chat(key, messages, tools=TOOLS)
+            assert status == 200, reply
+            costs.append((stack.engine.tokenize_calls - renders, len(hashed) - hashes - new))
+            message = reply["choices"][0]["message"]
+            calls = [
+                {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
+                for call in message.get("tool_calls") or []
+            ]
+            messages.append(
+                {"role": "assistant", "content": message["content"], **({"tool_calls": calls} if calls else {})}
+            )
+            messages += [{"role": "tool", "tool_call_id": call["id"], "content": "ran"} for call in calls]
+            if not calls:
+                messages.append({"role": "user", "content": "continue"})
+        assert costs == [(0, 1), (2, 1)] + [(1, 1)] * 22  # (renders, fingerprints past the new messages: the reply)
+        turns = (await stack.trace(session.session_id))["turns"]
+        for parent, turn in itertools.pairwise(turns):
+            assert turn["metadata"]["bridged"] and turn["metadata"]["parent_id"] == parent["node_id"]
+            history = turn["request"]["messages"]
+            assert turn["prompt_token_ids"] == [
+                *parent["prompt_token_ids"],
+                *parent["completion_token_ids"],
+                NEWLINE,
+                *_suffix(history, TOOLS),
+            ]
 
     run_stack(scenario, tmp_path)
 
@@ -219,6 +268,28 @@ def test_a_template_that_re_renders_earlier_turns_falls_back(tmp_path: Path) -> 
         assert stack.engine.token_calls == 0
 
     run_stack(scenario, tmp_path, engine_options={"count_messages": True})
+
+    async def from_the_fourth_call(stack: Stack) -> None:  # bridged, rendered once, then the template changes
+        key = await stack.create_session(sampling=SAMPLING)
+        messages = await _agent_loop(stack, key.api_key, 3)
+        stack.engine.count_messages = True
+        renders = stack.engine.tokenize_calls
+        status, _ = await stack.chat(key.api_key, messages, tools=TOOLS)
+        assert status == 200
+        assert await _fallbacks(stack, key.session_id) == [(True, None, False)] * 2 + [(False, "re-render", True)]
+        assert stack.engine.tokenize_calls - renders == 2  # the rendering that did not extend the last, then the prefix
+
+    run_stack(from_the_fourth_call, tmp_path / "changed")
+
+
+def test_a_turn_rendered_once_closes_at_the_first_stop_id_followed_by_the_templates_closing() -> None:
+    before = array("q", [1, 5, 2, 3, 1, 6])  # the last call's rendering, up to the generation prompt
+    closing = [NEWLINE, IM_START]
+    assert _closing_stop([*before, 9, IM_END, NEWLINE, IM_START, 7], before, closing, IM_END) == 7
+    # a stop id inside the turn's text (a special token written out) is not where it closes
+    assert _closing_stop([*before, IM_END, 9, IM_END, NEWLINE, IM_START], before, closing, IM_END) is None
+    assert _closing_stop([1, 5, 2, 3, 1, 7, 9, IM_END, NEWLINE, IM_START], before, closing, IM_END) is None
+    assert _closing_stop([*before, 9, 9], before, closing, IM_END) is None
 
 
 def test_an_unfinished_turn_an_engine_without_the_route_and_a_session_that_opts_out_are_not_bridged(
