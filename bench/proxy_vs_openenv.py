@@ -201,14 +201,17 @@ class BenchEngine(fv.FakeVLLM):
         self.token_latency_s = float(body.get("token_latency_s", self.token_latency_s))
         return web.json_response({"latency_s": self.latency_s, "jitter": self.jitter, "calls": self.calls})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(
+        self, request: web.Request, body: dict[str, Any] | None = None, prompt_ids: list[int] | None = None
+    ) -> web.StreamResponse:
         if self.token_latency_s:  # sampling token by token: fake_vllm's own stream, a chunk per token
-            return await super()._chat(request)
+            return await super()._chat(request, body, prompt_ids)
         self.calls += 1
-        body = orjson.loads(await request.read())
+        if body is None:
+            body = orjson.loads(await request.read())
         if self.latency_s > 0:
             await asyncio.sleep(planned_sleep(self.latency_s, self.jitter, body["messages"]))
-        completion = self.complete(body)
+        completion = self.complete(body, prompt_ids=prompt_ids)
         if body.get("stream"):  # the whole stream at once: sampling time is the planned sleep
             return web.Response(body=b"".join(fv.stream_frames(completion, body)), content_type="text/event-stream")
         return web.Response(body=orjson.dumps(completion), content_type="application/json")
