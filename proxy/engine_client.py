@@ -28,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import operator
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -189,6 +190,64 @@ class StreamAssembler:
         if delta.get("tool_calls") is not None:
             self._add_tool_calls(delta["tool_calls"])
         return self._add_texts(delta)
+
+    def add_batch(self, chunks: Iterable[dict[str, Any]]) -> list[dict[str, str]]:
+        """``add`` each chunk in turn; returns their text deltas in order, each run of one field joined into one
+        delta. A chunk of the common shape (one choice of index 0; a delta of ``role`` and ``content`` or of
+        reasoning; ids with one logprob each, or neither) takes a shorter path with the same checks."""
+        out: list[dict[str, str]] = []
+        for chunk in chunks:
+            texts = self._add_plain(chunk)
+            if texts is None:
+                texts = self.add(chunk)
+            for key, text in texts.items():
+                if out and key in out[-1] and len(out[-1]) == 1:
+                    out[-1][key] += text
+                else:
+                    out.append({key: text})
+        return out
+
+    def _add_plain(self, chunk: dict[str, Any]) -> dict[str, str] | None:
+        """``add(chunk)`` for a chunk of the common shape (``add_batch``); None, having changed nothing, for any
+        other chunk (``add`` then takes it, and refuses what it must)."""
+        choices = chunk.get("choices")
+        if not (
+            self.head
+            and type(choices) is list
+            and len(choices) == 1
+            and "usage" not in chunk
+            and "prompt_token_ids" not in chunk
+            and "system_fingerprint" not in chunk
+        ):
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("index", 0) != 0:
+            return None
+        delta, ids, logprobs = choice.get("delta"), choice.get("token_ids"), choice.get("logprobs")
+        if type(delta) is not dict or delta.get("tool_calls") is not None:
+            return None
+        reasoning = "reasoning_content" in delta or "reasoning" in delta
+        text = None if reasoning else delta.get("content")
+        if not (text is None or type(text) is str):
+            return None
+        if ids is not None or logprobs is not None:
+            content = logprobs.get("content") if type(logprobs) is dict else None
+            if type(ids) is not list or type(content) is not list or len(content) != len(ids):
+                return None
+            if self._ids is None or self._logprobs is None:
+                self._ids, self._logprobs = self._ids or [], self._logprobs or []
+            self._ids += ids
+            self._logprobs += content
+        if choice.get("finish_reason") is not None:
+            self._choice["finish_reason"] = choice["finish_reason"]
+        if choice.get("stop_reason") is not None:
+            self._choice["stop_reason"] = choice["stop_reason"]
+        if reasoning:
+            return self._add_texts(delta)
+        if not text:
+            return {}
+        self._texts.setdefault("content", []).append(text)
+        return {"content": text}
 
     def _add_texts(self, delta: dict[str, Any]) -> dict[str, str]:
         out = {}
@@ -474,14 +533,11 @@ class EngineClient:
                                     events = events[: events.index(b"[DONE]")]
                                 if events:
                                     received = True
-                                    batch: list[dict[str, Any]] = []
-                                    try:
-                                        batch.extend(map(_stream_chunk, events))
-                                    except UpstreamError:
-                                        if batch:  # the chunks before a bad one still reach the caller first
-                                            yield batch
-                                        raise
-                                    yield batch
+                                    batch, failure = _stream_chunks(events)
+                                    if batch:  # the chunks before a bad one still reach the caller first
+                                        yield batch
+                                    if failure is not None:
+                                        raise failure
                                 if done:
                                     return
                             raise MalformedUpstream("the stream ended before data: [DONE]")
@@ -611,6 +667,31 @@ async def _sse_data(content: aiohttp.StreamReader, deadline: float) -> AsyncIter
                 data.append(bytes(line[5:].removeprefix(b" ")))
         if events:
             yield events
+
+
+def _stream_chunks(events: list[bytes]) -> tuple[list[dict[str, Any]], UpstreamError | None]:
+    """The events of one read as chunks (``_stream_chunk``): all of them and None, or those before the first bad
+    one and its error. Several events are parsed in one pass, as one JSON array; one by one only to find a bad one.
+    """
+    if len(events) > 1:  # one event: its own parse is cheaper than an array's
+        try:
+            chunks = orjson.loads(b"[" + b",".join(events) + b"]")
+        except orjson.JSONDecodeError:
+            chunks = None
+        if not (
+            chunks is None
+            or len(chunks) != len(events)
+            or set(map(type, chunks)) != {dict}
+            or any(map(operator.contains, chunks, repeat("error")))
+            or "error" in map(dict.get, chunks, repeat("object"))
+        ):
+            return chunks, None
+    out: list[dict[str, Any]] = []
+    try:
+        out.extend(map(_stream_chunk, events))
+    except UpstreamError as exc:
+        return out, exc
+    return out, None
 
 
 def _stream_chunk(data: bytes) -> dict[str, Any]:

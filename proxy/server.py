@@ -64,7 +64,7 @@ import secrets
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -575,7 +575,7 @@ class CaptureProxy:
             async with aclosing(client.chat_stream(payload, route=route)) as batches:
                 async for batch in batches:
                     started = bool(assembler.head)
-                    deltas = _joined_deltas(assembler.add(chunk) for chunk in batch)
+                    deltas = assembler.add_batch(batch)
                     with _rendering(dialect):
                         frames = [] if started else renderer.start(assembler.head)
                         for delta in deltas:
@@ -726,18 +726,6 @@ class _BodyError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-def _joined_deltas(deltas: Iterable[dict[str, str]]) -> list[dict[str, str]]:
-    """Text deltas in order, each run of one field joined into one delta (one frame instead of one per token)."""
-    out: list[dict[str, str]] = []
-    for delta in deltas:
-        for key, text in delta.items():
-            if out and key in out[-1] and len(out[-1]) == 1:
-                out[-1][key] += text
-            else:
-                out.append({key: text})
-    return out
 
 
 def _translate(

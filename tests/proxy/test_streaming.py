@@ -8,14 +8,17 @@ import asyncio
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
+from orjson import JSONDecodeError
 
+from proxy import engine_client
 from proxy.dialects import DIALECTS
 from proxy.dialects.base import DELTA_CHARS, StreamRenderer
-from proxy.engine_client import MalformedUpstream, StreamAssembler
+from proxy.engine_client import MalformedUpstream, StreamAssembler, UpstreamError
 from tests.proxy.proxy_stack import Stack, run_stack
 from tests.proxy.test_dialects import (
     CLAUDE_CODE_REQUEST,
@@ -313,14 +316,23 @@ def _chunk(delta: dict[str, Any] | None = None, ids: list[int] | None = None, **
     return {"id": "chatcmpl-1", "created": 7, "model": "m", "choices": [fields]}
 
 
-def _assemble(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+_HEAD = _chunk({"role": "assistant", "content": ""})
+
+
+def _assemble(chunks: list[dict[str, Any]], batched: bool = False) -> dict[str, Any]:
+    """The reply of ``chunks`` added one by one, or, ``batched``, behind a head chunk in one ``add_batch`` (so the
+    chunks after it can take the batch path)."""
     assembler = StreamAssembler()
-    for chunk in chunks:
-        assembler.add(chunk)
+    if batched:
+        assembler.add_batch([_HEAD, *chunks])
+    else:
+        for chunk in chunks:
+            assembler.add(chunk)
     return assembler.response()
 
 
-def test_the_assembler_builds_the_reply_chat_would_return() -> None:
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_assembler_builds_the_reply_chat_would_return(batched: bool) -> None:
     first = {**_chunk({"role": "assistant", "content": ""}), "prompt_token_ids": [1, 2]}
     call = {"index": 0, "id": "c", "type": "function", "function": {"name": "bash", "arguments": ""}}
     response = _assemble(
@@ -335,7 +347,8 @@ def test_the_assembler_builds_the_reply_chat_would_return() -> None:
             _chunk({"tool_calls": [{"index": 1, "type": "function", "function": {"name": "ls"}}]}, [16]),
             _chunk({}, [17], finish_reason="tool_calls"),
             {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 8}},
-        ]
+        ],
+        batched,
     )
     choice = response["choices"][0]
     assert response["prompt_token_ids"] == [1, 2] and response["usage"]["completion_tokens"] == 8
@@ -364,13 +377,56 @@ def test_the_assembler_builds_the_reply_chat_would_return() -> None:
         ([_chunk({"tool_calls": [{"function": {"name": "a"}}]})], "no index"),
         ([_chunk({"tool_calls": [{"index": 0, "function": {"arguments": {"a": 1}}}]})], "not a string"),
         ([_chunk({"content": ["a"]})], "content is not a string"),
+        ([_chunk({"reasoning": 5})], "reasoning is not a string"),
+        ([_chunk({"content": "a", "tool_calls": "x"})], "tool_calls is not an array"),
         ([{"choices": [{"index": 1}]}], "other than 0"),
+        ([{"choices": [{"index": None}]}], "other than 0"),
         ([{"choices": "x"}], "not one choice"),
+        ([{"choices": [1]}], "not one choice"),
+        ([{"choices": [{}, {}]}], "not one choice"),
+        ([{"choices": [{"delta": "x"}]}], "delta is not an object"),
+        ([{"choices": [{"token_ids": "x", "logprobs": {"content": []}}]}], "token_ids is not an array"),
+        ([{"choices": [{"token_ids": [1], "logprobs": []}]}], "logprobs is not an object"),
+        ([{"choices": [{"token_ids": [1], "logprobs": {"content": "x"}}]}], "logprobs.content is not an array"),
     ],
 )
-def test_the_assembler_refuses_a_stream_that_breaks_the_contract(chunks: list[dict[str, Any]], message: str) -> None:
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_assembler_refuses_a_stream_that_breaks_the_contract(
+    chunks: list[dict[str, Any]], message: str, batched: bool
+) -> None:
     with pytest.raises(MalformedUpstream, match=message):
-        _assemble(chunks)
+        _assemble(chunks, batched)
+
+
+def test_a_batch_of_token_chunks_is_assembled_without_the_per_chunk_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``add_batch`` takes the chunks vLLM sends per token (text or reasoning, an id and its logprob) without
+    ``add``: only the head chunk, tool call deltas and the usage chunk go through it. The reply and the text
+    deltas (each run of one field joined) are those of ``add``, chunk by chunk."""
+    call = {"index": 0, "id": "c", "type": "function", "function": {"name": "bash", "arguments": ""}}
+    chunks = [
+        {**_chunk({"role": "assistant", "content": ""}), "prompt_token_ids": [1, 2]},
+        *(_chunk({"reasoning_content": "th", "reasoning": "th"}, [10 + i]) for i in range(5)),
+        *(_chunk({"content": f"w{i} "}, [20 + i]) for i in range(20)),
+        _chunk({"tool_calls": [call]}, [40]),
+        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, [41]),
+        _chunk({}, [42], finish_reason="tool_calls", stop_reason=None),
+        {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 28}},
+    ]
+    one_by_one = StreamAssembler()
+    deltas = [one_by_one.add(chunk) for chunk in chunks]
+    calls = []
+    add = StreamAssembler.add
+    monkeypatch.setattr(StreamAssembler, "add", lambda self, chunk: calls.append(chunk) or add(self, chunk))
+    batched = StreamAssembler()
+    joined = batched.add_batch(chunks[:3]) + batched.add_batch(chunks[3:])
+    assert [chunks.index(chunk) for chunk in calls] == [0, 26, 27, 29]
+    assert batched.response() == one_by_one.response()
+    assert joined == [
+        {"reasoning_content": "thth"},
+        {"reasoning_content": "th" * 3},
+        {"content": "".join(f"w{i} " for i in range(20))},
+    ]
+    assert "".join(d.get("content", "") for d in joined) == "".join(d.get("content", "") for d in deltas)
 
 
 # --- incremental rendering -------------------------------------------------------------------------------------
@@ -431,3 +487,22 @@ def test_chunks_that_arrived_together_reach_the_agent_as_one_delta(tmp_path: Pat
         assert len(deltas) <= -(-len(text) // DELTA_CHARS) + 1, len(deltas)
 
     run_stack(body, tmp_path)
+
+
+def test_the_events_of_one_read_are_parsed_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events that arrived in one read are parsed as one JSON array, not one parse per token; a bad event is
+    then found event by event: the chunks before it come back with the error a lone bad event gets."""
+    parses = []
+    monkeypatch.setattr(
+        engine_client,
+        "orjson",
+        SimpleNamespace(loads=lambda data: parses.append(data) or orjson.loads(data), JSONDecodeError=JSONDecodeError),
+    )
+    chunks = [_HEAD, *(_chunk({"content": "ab"}, [i]) for i in range(30))]
+    events = [orjson.dumps(chunk) for chunk in chunks]
+    assert engine_client._stream_chunks(events) == (chunks, None) and len(parses) == 1
+    for bad, message in [(b'{"id": 1', "invalid JSON in a stream chunk"), (b"[1]", "not a JSON object")]:
+        got, error = engine_client._stream_chunks([*events[:5], bad, *events[5:]])
+        assert got == chunks[:5] and isinstance(error, MalformedUpstream) and message in str(error)
+    got, error = engine_client._stream_chunks([*events[:5], b'{"error": {"message": "boom"}}', *events[5:]])
+    assert got == chunks[:5] and isinstance(error, UpstreamError) and "boom" in str(error)
