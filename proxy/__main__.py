@@ -50,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         help="connections open at once; past it one is answered 503 and closed (default: the open-file limit "
         "less --max-open-journals, the upstream pool and a reserve)",
     )
+    p.add_argument(
+        "--stream-flush-s",
+        type=float,
+        default=0.05,
+        help="after a stream's first text, write text to the agent at most this often (0: as it arrives)",
+    )
     p.add_argument("--fsync", action="store_true", help="fsync the journal on every call (survives power loss)")
     p.add_argument("--no-probe", action="store_true", help="skip the engine tier probe at session creation")
     a = p.parse_args(argv)
@@ -72,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
         idle_timeout_s=a.idle_timeout_s,
         body_timeout_s=a.body_timeout_s,
         max_connections=a.max_connections,
+        stream_flush_s=a.stream_flush_s,
     )
 
 

@@ -133,12 +133,13 @@ class StreamAssembler:
     stream (``EngineClient.chat_stream``), checking each chunk as it arrives.
 
     ``add(chunk)`` returns the chunk's text deltas in order, ``{field: text}`` over ``TEXT_FIELDS``, non-empty
-    texts only (one reasoning field: vLLM may send its text under both names). ``head`` is the reply's
-    ``id`` (minted when the engine sends none), ``created``, ``model`` and ``prompt_token_ids`` once the first
-    chunk has them. ``response()`` is the whole completion (the message's text, reasoning and tool calls with
-    their arguments joined, ``finish_reason``, ``prompt_token_ids``, ``choices[0].token_ids`` and
-    ``logprobs.content`` in stream order, ``usage``), for ``extract_capture`` and the renderers. Tool calls
-    are keyed by their delta ``index``; a call that never got an id keeps none (the renderers mint one).
+    texts only (one reasoning field: vLLM may send its text under both names); ``add_batch`` takes the chunks
+    of one read. ``head`` is the reply's ``id`` (minted when the engine sends none), ``created``, ``model`` and
+    ``prompt_token_ids`` once the first chunk has them. ``response()`` is the whole completion (the message's
+    text, reasoning and tool calls with their arguments joined, ``finish_reason``, ``prompt_token_ids``,
+    ``choices[0].token_ids`` and ``logprobs.content`` in stream order, ``usage``), for ``extract_capture`` and
+    the renderers. Tool calls are keyed by their delta ``index``; a call that never got an id keeps none (the
+    renderers mint one).
 
     ``MalformedUpstream`` for a chunk of the wrong shape, reasoning after text (no dialect could show it in
     order), a chunk whose logprobs are not one per id (or ids without logprobs where others had them), a
@@ -191,11 +192,15 @@ class StreamAssembler:
             self._add_tool_calls(delta["tool_calls"])
         return self._add_texts(delta)
 
-    def add_batch(self, chunks: Iterable[dict[str, Any]]) -> list[dict[str, str]]:
-        """``add`` each chunk in turn; returns their text deltas in order, each run of one field joined into one
-        delta. A chunk of the common shape (one choice of index 0; a delta of ``role`` and ``content`` or of
-        reasoning; ids with one logprob each, or neither) takes a shorter path with the same checks."""
-        out: list[dict[str, str]] = []
+    def add_batch(
+        self, chunks: Iterable[dict[str, Any]], out: list[dict[str, str]] | None = None
+    ) -> list[dict[str, str]]:
+        """``add`` each chunk in turn; returns ``out`` (a new list if None) with their text deltas appended in
+        order, each run of one field joined into one delta. A chunk of the common shape (one choice of index 0;
+        a delta of ``role`` and ``content`` or of reasoning; ids with one logprob each, or neither) takes a
+        shorter path with the same checks."""
+        if out is None:
+            out = []
         for chunk in chunks:
             texts = self._add_plain(chunk)
             if texts is None:

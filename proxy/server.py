@@ -24,8 +24,9 @@ renders the messages), call the engine once (retrying transient failures before 
 extract and check the exact capture, render the reply in the agent's dialect,
 record the turn (journal, then graph), and only then send the reply. A JSON
 reply comes from one non-streaming engine call. A streamed one comes from the
-engine's stream: its text goes to the agent as the engine samples it (keepalives
-fill silences), and the last frames (tool calls, stop reason, the end of the
+engine's stream: its text goes to the agent as the engine samples it (the first
+at once, then at most one write per ``stream_flush_s``; keepalives fill
+silences), and the last frames (tool calls, stop reason, the end of the
 stream) are sent once the completed stream's turn is recorded.
 
 Invariant: a turn is in the trace if and only if the agent was sent its reply
@@ -136,6 +137,7 @@ class ProxyConfig:
     idle_timeout_s: float = 60.0  # no complete request head this long after opening or a reply: closed
     body_timeout_s: float = 60.0  # a request body must arrive whole within this
     max_connections: int | None = None  # None: from the open-file limit (``connection_cap``)
+    stream_flush_s: float = 0.05  # after a stream's first text, text is written to the agent at most this often
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK_HOSTS and not self.admin_key:
@@ -146,6 +148,8 @@ class ProxyConfig:
             raise ValueError("idle_timeout_s and body_timeout_s must be positive")
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError("max_connections must be at least 1")
+        if not self.stream_flush_s >= 0:
+            raise ValueError("stream_flush_s must be at least 0")
 
 
 def connection_cap(config: ProxyConfig) -> int:
@@ -567,21 +571,67 @@ class CaptureProxy:
         payload: bytes,
         route: str,
     ) -> dict[str, Any]:
-        """Stream the engine's reply to the agent as it is sampled: the renderer's start frames on the first
-        chunk, then each text delta; keepalives while the engine is silent. Returns the assembled completion."""
+        """Stream the engine's reply to the agent as it is sampled; returns the assembled completion.
+
+        The renderer's start frames and the first text are written as soon as they arrive; after that, text is
+        written at most once per ``stream_flush_s`` (what arrived in between as one delta per run of a field),
+        when the interval ends whether or not the engine sent more, and before this returns or raises an engine
+        failure. Keepalives fill the engine's silences.
+        """
         assembler = StreamAssembler()
         keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
+        loop = asyncio.get_running_loop()
+        frames: list[bytes] = []  # rendered, not written yet
+        texts: list[dict[str, str]] = []  # text deltas not rendered yet
+        due = 0.0  # loop time from which pending output is written: the last text write + stream_flush_s
+
+        async def flush() -> None:
+            nonlocal due
+            with _rendering(dialect):
+                for delta in texts:
+                    frames.extend(renderer.delta(delta))
+            if texts:
+                due = loop.time() + self.config.stream_flush_s
+                texts.clear()
+            output = b"".join(frames)
+            frames.clear()
+            await stream.write(output)
+
         try:
             async with aclosing(client.chat_stream(payload, route=route)) as batches:
-                async for batch in batches:
-                    started = bool(assembler.head)
-                    deltas = assembler.add_batch(batch)
-                    with _rendering(dialect):
-                        frames = [] if started else renderer.start(assembler.head)
-                        for delta in deltas:
-                            frames += renderer.delta(delta)
-                    if frames:
-                        await stream.write(b"".join(frames))
+                waiting: asyncio.Future[list[dict[str, Any]]] | None = None  # the next batch, while output waits
+                try:
+                    while True:
+                        if (frames or texts) and (wait := due - loop.time()) > 0:
+                            waiting = waiting or asyncio.ensure_future(anext(batches))
+                            if not (await asyncio.wait((waiting,), timeout=wait))[0]:
+                                await flush()
+                                continue
+                        try:
+                            batch = await (waiting or anext(batches))
+                        except StopAsyncIteration:
+                            break
+                        finally:
+                            waiting = None
+                        started = bool(assembler.head)
+                        assembler.add_batch(batch, texts)
+                        if not started:
+                            with _rendering(dialect):
+                                frames.extend(renderer.start(assembler.head))
+                        if (frames or texts) and due <= loop.time():
+                            await flush()
+                except UpstreamError:
+                    if frames or texts:  # what the engine sent before it failed still reaches the agent
+                        await flush()
+                    raise
+                finally:
+                    if waiting is not None:  # the agent left or a write failed: the engine call is dropped
+                        waiting.cancel()
+                        await asyncio.wait((waiting,))
+                        if not waiting.cancelled():
+                            waiting.exception()  # retrieved: the failure that ends the call is raised here
+            if frames or texts:
+                await flush()
         finally:  # it can't write again: it raises CancelledError where it waits
             keepalive.cancel()
         return assembler.response()

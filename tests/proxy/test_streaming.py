@@ -16,6 +16,7 @@ import pytest
 from orjson import JSONDecodeError
 
 from proxy import engine_client
+from proxy.__main__ import parse_args
 from proxy.dialects import DIALECTS
 from proxy.dialects.base import DELTA_CHARS, StreamRenderer
 from proxy.engine_client import MalformedUpstream, StreamAssembler, UpstreamError
@@ -127,6 +128,58 @@ def test_text_reaches_the_agent_while_the_engine_samples(tmp_path: Path, route: 
         assert trace == _turn(await stack.trace(whole.session_id)) and len(trace[1]) > TOKENS and trace[2] is not None
 
     run_stack(body, tmp_path)
+
+
+def test_text_sampled_token_by_token_is_written_at_most_once_per_flush_interval(tmp_path: Path) -> None:
+    """60 tokens at 5 ms each, a 50 ms flush interval: the first text is written as it arrives (one token's
+    text, not an interval's), then at most one text write per interval, not one per token; the reply and the
+    recorded turn are those of the same completion asked for without streaming."""
+    flush_s, tokens = 0.05, 60
+
+    async def body(stack: Stack) -> None:
+        stack.engine.completion_chars = 6 * tokens
+        streamed, whole = await stack.create_session(), await stack.create_session()
+        stack.engine.token_latency_s = 0.005
+        _, total, raw = await _timed_stream(stack, CHAT, streamed.api_key, _text_body(CHAT, stream=True))
+        texts = [c["delta"]["content"] for _, d in _frames(raw) if _is_text_delta(CHAT, None, d) for c in d["choices"]]
+        assert len(texts[0]) <= 3 * 4, texts  # about one token's text (4 characters a token)
+        assert len(texts) <= 2 + total / flush_s, (len(texts), total)
+        assert len("".join(texts)) > 3 * tokens
+        stack.engine.token_latency_s = 0
+        reply = await post(
+            stack.http, stack.url + CHAT, _text_body(CHAT, stream=False), agent_headers(CHAT, whole.api_key)
+        )
+        assert _reply(CHAT, stream_outcome(CHAT, _raw_reply(raw))[0]) == _json_reply(CHAT, reply.json)
+        assert _turn(await stack.trace(streamed.session_id)) == _turn(await stack.trace(whole.session_id))
+
+    run_stack(body, tmp_path, stream_flush_s=flush_s)
+
+
+def test_text_waiting_for_its_flush_is_written_while_the_engine_is_silent(tmp_path: Path) -> None:
+    """The text of the tokens after the first write is written when the flush interval ends, not held until
+    the engine sends again: here the engine pauses after 3 tokens, and the agent has their text meanwhile."""
+
+    async def body(stack: Stack) -> None:
+        session, whole = await stack.create_session(), await stack.create_session()
+        headers = agent_headers(CHAT, whole.api_key)
+        reply = await post(stack.http, stack.url + CHAT, _text_body(CHAT, stream=False), headers)
+        expected = reply.json["choices"][0]["message"]["content"][: 3 * 4]
+        resume = asyncio.Event()
+        stack.engine.token_latency_s = 0.005
+        stack.engine.faults = [("pause", 4, resume)]
+        async with stack.http.post(
+            stack.url + CHAT, json=_text_body(CHAT, stream=True), headers=agent_headers(CHAT, session.api_key)
+        ) as resp:
+            seen = b""
+            while "".join(c["delta"].get("content") or "" for _, d in _frames(seen) for c in d["choices"]) != expected:
+                line = await asyncio.wait_for(resp.content.readline(), 10)
+                assert line, seen
+                seen += line
+            resume.set()
+            raw = seen + await resp.read()
+        assert stream_outcome(CHAT, _raw_reply(raw))[1] is None
+
+    run_stack(body, tmp_path, stream_flush_s=0.05)
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -506,3 +559,10 @@ def test_the_events_of_one_read_are_parsed_in_one_pass(monkeypatch: pytest.Monke
         assert got == chunks[:5] and isinstance(error, MalformedUpstream) and message in str(error)
     got, error = engine_client._stream_chunks([*events[:5], b'{"error": {"message": "boom"}}', *events[5:]])
     assert got == chunks[:5] and isinstance(error, UpstreamError) and "boom" in str(error)
+
+
+def test_the_flush_interval_is_set_on_the_command_line() -> None:
+    config = parse_args(["--engine-url", "http://127.0.0.1:1", "--journal-dir", "j", "--stream-flush-s", "0.2"])
+    assert config.stream_flush_s == 0.2 and parse_args(["--engine-url", "e", "--journal-dir", "j"]).stream_flush_s > 0
+    with pytest.raises(ValueError, match="stream_flush_s"):
+        parse_args(["--engine-url", "e", "--journal-dir", "j", "--stream-flush-s", "-1"])
