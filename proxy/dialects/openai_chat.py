@@ -122,19 +122,27 @@ def _message(message: Any, param: str) -> dict[str, Any]:
 
 
 def render_response(engine: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
-    """The engine's completion as the agent sees it: capture-only fields stripped unless the agent asked for them."""
+    """The engine's completion as the agent sees it: capture-only fields stripped unless the agent asked for them,
+    and an id minted for a tool call without one (``engine_tool_calls``'s, as the stream's)."""
     out = {key: value for key, value in engine.items() if key not in _ENGINE_ONLY}
     if request.return_token_ids and "prompt_token_ids" in engine:
         out["prompt_token_ids"] = engine["prompt_token_ids"]
     out["model"] = request.model or engine.get("model", "")
-    out["choices"] = [_choice(choice, request) for choice in engine["choices"]]
+    out["choices"] = [_choice(choice, request, engine) for choice in engine["choices"]]
     return out
 
 
-def _choice(choice: dict[str, Any], request: ChatRequest) -> dict[str, Any]:
+def _choice(choice: dict[str, Any], request: ChatRequest, engine: dict[str, Any]) -> dict[str, Any]:
     out = {key: value for key, value in choice.items() if key != "token_ids" or request.return_token_ids}
     if not request.return_logprobs:
         out["logprobs"] = None
+    calls = (choice.get("message") or {}).get("tool_calls")
+    if calls and not all(call.get("id") for call in calls):  # minted as the stream and the other dialects mint it
+        ids = [call["id"] for call in engine_tool_calls(engine)]
+        out["message"] = {
+            **choice["message"],
+            "tool_calls": [{**call, "id": call_id} for call, call_id in zip(calls, ids, strict=True)],
+        }
     return out
 
 
