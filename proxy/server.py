@@ -579,7 +579,7 @@ class CaptureProxy:
         failure. Keepalives fill the engine's silences.
         """
         assembler = StreamAssembler()
-        keepalive = asyncio.ensure_future(self._keepalive(stream, dialect.KEEPALIVE))
+        keepalive = _Keepalive(stream, dialect.KEEPALIVE, self.config.keepalive_s)
         loop = asyncio.get_running_loop()
         frames: list[bytes] = []  # rendered, not written yet
         texts: list[dict[str, str]] = []  # text deltas not rendered yet
@@ -635,13 +635,6 @@ class CaptureProxy:
         finally:  # it can't write again: it raises CancelledError where it waits
             keepalive.cancel()
         return assembler.response()
-
-    async def _keepalive(self, response: web.StreamResponse, frame: bytes) -> None:
-        """Write ``frame`` every ``keepalive_s`` until cancelled or the client is gone."""
-        with suppress(ConnectionError):
-            while True:
-                await asyncio.sleep(self.config.keepalive_s)
-                await response.write(frame)
 
     def _record(
         self,
@@ -759,6 +752,35 @@ _REFUSED_REPLY = (
 
 _OPEN_STREAM = web.RequestKey("open_stream", web.StreamResponse)
 """The request's SSE response once its headers are sent: errors after that go into the stream."""
+
+
+class _Keepalive:
+    """``frame`` written to ``response`` every ``interval`` seconds until ``cancel()`` (a client gone ends it).
+
+    Until the first one is due it is a timer, not a task: most streams end before a keepalive is due.
+    """
+
+    __slots__ = ("_task", "_timer")
+
+    def __init__(self, response: web.StreamResponse, frame: bytes, interval: float) -> None:
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(interval, self._start, response, frame, interval)
+
+    def _start(self, response: web.StreamResponse, frame: bytes, interval: float) -> None:
+        self._task = asyncio.ensure_future(self._write(response, frame, interval))
+
+    @staticmethod
+    async def _write(response: web.StreamResponse, frame: bytes, interval: float) -> None:
+        with suppress(ConnectionError):
+            while True:
+                await response.write(frame)
+                await asyncio.sleep(interval)
+
+    def cancel(self) -> None:
+        """No keepalive is written after this; one being written is cut where it waits."""
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 class _CallFailed(Exception):

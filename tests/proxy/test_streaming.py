@@ -342,6 +342,31 @@ def test_keepalives_fill_a_silence_in_the_middle_of_a_stream(tmp_path: Path) -> 
     run_stack(body, tmp_path, keepalive_s=0.1)
 
 
+def test_a_stream_that_ends_before_a_keepalive_is_due_starts_no_keepalive_task(tmp_path: Path) -> None:
+    """A keepalive is a timer until one is due (a task per stream is a fixed cost of every streamed call)."""
+
+    async def body(stack: Stack) -> None:
+        session = await stack.create_session()
+        loop = asyncio.get_running_loop()
+        started: list[str] = []
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            started.append(getattr(coro, "__qualname__", ""))
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        try:
+            reply = await post(
+                stack.http, stack.url + CHAT, _text_body(CHAT, stream=True), agent_headers(CHAT, session.api_key)
+            )
+        finally:
+            loop.set_task_factory(None)
+        assert stream_outcome(CHAT, reply)[1] is None
+        assert started and not [name for name in started if "keepalive" in name.lower()], started
+
+    run_stack(body, tmp_path)
+
+
 def test_a_prompt_of_megabytes_streams(tmp_path: Path) -> None:
     """The first chunk carries the prompt's ids on one line (here about 2 MB): no line-length limit applies."""
 
