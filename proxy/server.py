@@ -459,8 +459,11 @@ class CaptureProxy:
     async def _read_body(self, request: web.Request) -> bytes:
         """The request body decoded per ``Content-Encoding``, at most ``max_body_bytes`` either way (``_BodyError``)."""
         try:
-            async with asyncio.timeout(self.config.body_timeout_s):
+            if request.content.is_eof():  # the whole body is in: reading it can't wait, so no timer is set
                 data = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
+            else:
+                async with asyncio.timeout(self.config.body_timeout_s):
+                    data = await request.read()
         except web.RequestPayloadError as exc:
             raise _BodyError(400, f"unreadable request body: {exc}") from None
         except TimeoutError:

@@ -52,6 +52,25 @@ def test_multi_turn_capture_is_exact_and_one_path(tmp_path: Path) -> None:
     run_stack(body, tmp_path)
 
 
+def test_a_body_that_arrived_whole_is_read_without_a_timer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a body already received can't wait, so no body timeout (a timer per call) is set for it; one
+    still arriving gets it (``test_connection_bounds``: slow bodies are answered 408)."""
+    timers: list[str] = []
+    timeout = asyncio.timeout
+
+    def counted(delay: float | None) -> asyncio.Timeout:
+        timers.append(sys._getframe(1).f_code.co_name)
+        return timeout(delay)
+
+    async def body(stack: Stack) -> None:
+        session = await stack.create_session()
+        monkeypatch.setattr(asyncio, "timeout", counted)
+        status, _ = await stack.chat(session.api_key, [{"role": "user", "content": "hi"}])
+        assert status == 200 and "_read_body" not in timers, timers
+
+    run_stack(body, tmp_path)
+
+
 def test_keys_and_admin(tmp_path: Path) -> None:
     async def body(stack: Stack) -> None:
         async with stack.http.post(f"{stack.url}/sessions", json={}) as resp:
