@@ -578,8 +578,8 @@ class CaptureProxy:
 
         The renderer's start frames and the first text are written as soon as they arrive; after that, text is
         written at most once per ``stream_flush_s`` (what arrived in between as one delta per run of a field),
-        when the interval ends whether or not the engine sent more, and before this returns or raises an engine
-        failure. Keepalives fill the engine's silences.
+        when the interval ends whether or not the engine sent more, once the engine has finished sampling, and
+        before this raises an engine failure. Keepalives fill the engine's silences.
         """
         assembler = StreamAssembler()
         keepalive = _Keepalive(stream, dialect.KEEPALIVE, self.config.keepalive_s)
@@ -621,7 +621,7 @@ class CaptureProxy:
                         if not started:
                             with _rendering(dialect):
                                 frames.extend(renderer.start(assembler.head))
-                        if (frames or texts) and due <= loop.time():
+                        if (frames or texts) and (due <= loop.time() or assembler.finished):
                             await flush()
                 except UpstreamError:
                     if frames or texts:  # what the engine sent before it failed still reaches the agent
@@ -863,8 +863,7 @@ async def _send(stream: web.StreamResponse | None, reply: bytes) -> web.StreamRe
     """Send a rendered reply: as the body of a JSON response, or as the rest of the open stream."""
     if stream is None:
         return web.Response(body=reply, content_type="application/json")
-    await stream.write(reply)
-    await stream.write_eof()
+    await stream.write_eof(reply)  # the last frames and the end of the stream in one write
     return stream
 
 

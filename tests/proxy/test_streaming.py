@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ import orjson
 import pytest
 from orjson import JSONDecodeError
 
-from proxy import engine_client
+from proxy import engine_client, server
 from proxy.__main__ import parse_args
 from proxy.dialects import DIALECTS
 from proxy.dialects.base import DELTA_CHARS, StreamRenderer
@@ -582,6 +583,53 @@ def test_the_events_of_one_read_are_parsed_in_one_pass(monkeypatch: pytest.Monke
         assert got == chunks[:5] and isinstance(error, MalformedUpstream) and message in str(error)
     got, error = engine_client._stream_chunks([*events[:5], b'{"error": {"message": "boom"}}', *events[5:]])
     assert got == chunks[:5] and isinstance(error, UpstreamError) and "boom" in str(error)
+
+
+def test_text_that_arrives_with_the_finish_is_written_without_waiting_on_the_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine pauses after one token, then sends the rest at once: the rest comes with the finish, after
+    which no text can follow, so the relay writes it at once instead of waiting on the interval for more."""
+    waits: list[str] = []
+    wait = asyncio.wait
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        waits.append(sys._getframe(1).f_code.co_name)
+        return wait(*args, **kwargs)
+
+    async def body(stack: Stack) -> None:
+        session = await stack.create_session()
+        resume = asyncio.Event()
+        calls = stack.engine.calls
+        stack.engine.completion_chars = 16  # a few tokens: what follows the pause comes in one read
+        stack.engine.faults = [("pause", 2, resume)]
+        monkeypatch.setattr(asyncio, "wait", counted)
+        call = asyncio.create_task(
+            post(stack.http, stack.url + CHAT, _text_body(CHAT, stream=True), agent_headers(CHAT, session.api_key))
+        )
+        await until(lambda: stack.engine.calls == calls + 1, "the stream did not reach the engine")
+        await asyncio.sleep(0.05)
+        resume.set()
+        assert stream_outcome(CHAT, await call)[1] is None
+        assert "_relay" not in waits, waits
+
+    run_stack(body, tmp_path, stream_flush_s=30)
+
+
+def test_a_streams_last_frames_and_its_end_are_one_write() -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, bytes]] = []
+
+        async def write(self, data: bytes) -> None:
+            self.calls.append(("write", data))
+
+        async def write_eof(self, data: bytes = b"") -> None:
+            self.calls.append(("write_eof", data))
+
+    stream = Recorder()
+    asyncio.run(server._send(stream, b"data: [DONE]\n\n"))  # type: ignore[arg-type]
+    assert stream.calls == [("write_eof", b"data: [DONE]\n\n")]
 
 
 def test_the_flush_interval_is_set_on_the_command_line() -> None:
