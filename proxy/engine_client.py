@@ -192,11 +192,6 @@ class StreamAssembler:
             self._add_tool_calls(delta["tool_calls"])
         return self._add_texts(delta)
 
-    @property
-    def finished(self) -> bool:
-        """Whether the stream has sent its ``finish_reason`` (no text follows it)."""
-        return self._choice["finish_reason"] is not None
-
     def add_batch(
         self, chunks: Iterable[dict[str, Any]], out: list[dict[str, str]] | None = None
     ) -> list[dict[str, str]]:

@@ -578,8 +578,8 @@ class CaptureProxy:
 
         The renderer's start frames and the first text are written as soon as they arrive; after that, text is
         written at most once per ``stream_flush_s`` (what arrived in between as one delta per run of a field),
-        when the interval ends whether or not the engine sent more, once the engine has finished sampling, and
-        before this raises an engine failure. Keepalives fill the engine's silences.
+        when the interval ends whether or not the engine sent more (a timer, not a task per chunk), and before
+        this returns or raises an engine failure. Keepalives fill the engine's silences.
         """
         assembler = StreamAssembler()
         keepalive = _Keepalive(stream, dialect.KEEPALIVE, self.config.keepalive_s)
@@ -587,9 +587,15 @@ class CaptureProxy:
         frames: list[bytes] = []  # rendered, not written yet
         texts: list[dict[str, str]] = []  # text deltas not rendered yet
         due = 0.0  # loop time from which pending output is written: the last text write + stream_flush_s
+        timer: asyncio.TimerHandle | None = None  # writes what is pending at ``due`` unless a batch does first
+        writing: asyncio.Future[None] | None = None  # the timer's write, awaited before the next one
 
-        async def flush() -> None:
-            nonlocal due
+        def take() -> bytes:
+            """What is pending, rendered and taken; the next text write is due ``stream_flush_s`` from now."""
+            nonlocal due, timer
+            if timer is not None:
+                timer.cancel()
+                timer = None
             with _rendering(dialect):
                 for delta in texts:
                     frames.extend(renderer.delta(delta))
@@ -598,45 +604,51 @@ class CaptureProxy:
                 texts.clear()
             output = b"".join(frames)
             frames.clear()
-            await stream.write(output)
+            return output
+
+        async def write_after(previous: asyncio.Future[None] | None) -> None:
+            if previous is not None:  # in order; its failure is this write's
+                await previous
+            if output := take():
+                await stream.write(output)
+
+        def on_due() -> None:
+            nonlocal timer, writing
+            timer = None
+            writing = asyncio.ensure_future(write_after(writing))
+
+        async def flush() -> None:
+            nonlocal writing
+            previous, writing = writing, None
+            await write_after(previous)
 
         try:
             async with aclosing(client.chat_stream(payload, route=route)) as batches:
-                waiting: asyncio.Future[list[dict[str, Any]]] | None = None  # the next batch, while output waits
                 try:
-                    while True:
-                        if (frames or texts) and (wait := due - loop.time()) > 0:
-                            waiting = waiting or asyncio.ensure_future(anext(batches))
-                            if not (await asyncio.wait((waiting,), timeout=wait))[0]:
-                                await flush()
-                                continue
-                        try:
-                            batch = await (waiting or anext(batches))
-                        except StopAsyncIteration:
-                            break
-                        finally:
-                            waiting = None
+                    async for batch in batches:
                         started = bool(assembler.head)
                         assembler.add_batch(batch, texts)
                         if not started:
                             with _rendering(dialect):
                                 frames.extend(renderer.start(assembler.head))
-                        if (frames or texts) and (due <= loop.time() or assembler.finished):
-                            await flush()
+                        if frames or texts:
+                            if due <= loop.time():
+                                await flush()
+                            elif timer is None:
+                                timer = loop.call_at(due, on_due)
                 except UpstreamError:
-                    if frames or texts:  # what the engine sent before it failed still reaches the agent
-                        await flush()
+                    await flush()  # what the engine sent before it failed still reaches the agent
                     raise
-                finally:
-                    if waiting is not None:  # the agent left or a write failed: the engine call is dropped
-                        waiting.cancel()
-                        await asyncio.wait((waiting,))
-                        if not waiting.cancelled():
-                            waiting.exception()  # retrieved: the failure that ends the call is raised here
-            if frames or texts:
-                await flush()
-        finally:  # it can't write again: it raises CancelledError where it waits
+            await flush()
+        finally:  # nothing is written after this: a write under way is cut where it waits
             keepalive.cancel()
+            if timer is not None:
+                timer.cancel()
+            if writing is not None and not writing.done():
+                writing.cancel()
+                await asyncio.wait((writing,))
+            if writing is not None and not writing.cancelled():
+                writing.exception()  # retrieved: the failure that ends the call is the one raised here
         return assembler.response()
 
     def _record(

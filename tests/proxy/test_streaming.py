@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -585,35 +584,35 @@ def test_the_events_of_one_read_are_parsed_in_one_pass(monkeypatch: pytest.Monke
     assert got == chunks[:5] and isinstance(error, UpstreamError) and "boom" in str(error)
 
 
-def test_text_that_arrives_with_the_finish_is_written_without_waiting_on_the_interval(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine pauses after one token, then sends the rest at once: the rest comes with the finish, after
-    which no text can follow, so the relay writes it at once instead of waiting on the interval for more."""
-    waits: list[str] = []
-    wait = asyncio.wait
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        waits.append(sys._getframe(1).f_code.co_name)
-        return wait(*args, **kwargs)
+def test_text_sampled_token_by_token_costs_no_task_per_token(tmp_path: Path) -> None:
+    """Holding text for its flush is a timer, not a task per chunk: a stream sampled token by token starts at
+    most one task per flush interval more than the same stream read at once."""
+    flush_s, tokens = 0.05, 60
 
     async def body(stack: Stack) -> None:
+        stack.engine.completion_chars = 6 * tokens
         session = await stack.create_session()
-        resume = asyncio.Event()
-        calls = stack.engine.calls
-        stack.engine.completion_chars = 16  # a few tokens: what follows the pause comes in one read
-        stack.engine.faults = [("pause", 2, resume)]
-        monkeypatch.setattr(asyncio, "wait", counted)
-        call = asyncio.create_task(
-            post(stack.http, stack.url + CHAT, _text_body(CHAT, stream=True), agent_headers(CHAT, session.api_key))
-        )
-        await until(lambda: stack.engine.calls == calls + 1, "the stream did not reach the engine")
-        await asyncio.sleep(0.05)
-        resume.set()
-        assert stream_outcome(CHAT, await call)[1] is None
-        assert "_relay" not in waits, waits
+        loop = asyncio.get_running_loop()
+        started: list[str] = []
 
-    run_stack(body, tmp_path, stream_flush_s=30)
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            started.append(getattr(coro, "__qualname__", ""))
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        counts, seconds = [], 0.0
+        loop.set_task_factory(factory)
+        try:
+            for latency in (0, 0.005):
+                stack.engine.token_latency_s = latency
+                started.clear()
+                _, seconds, raw = await _timed_stream(stack, CHAT, session.api_key, _text_body(CHAT, stream=True))
+                assert stream_outcome(CHAT, _raw_reply(raw))[1] is None
+                counts.append(len(started))
+        finally:
+            loop.set_task_factory(None)
+        assert counts[1] - counts[0] <= 2 + seconds / flush_s, (counts, seconds)
+
+    run_stack(body, tmp_path, stream_flush_s=flush_s)
 
 
 def test_a_streams_last_frames_and_its_end_are_one_write() -> None:
