@@ -64,6 +64,9 @@ attaches py-spy to each proxy's throughput phase (collapsed stacks in DIR).
 
 ``--before REV`` adds a third proxy, REV's ``proxy`` package (``git archive``)
 run the same way, so a change is measured against its base in one run.
+``--bridge off`` opens our sessions without the token-in bridge (this agent
+echoes its calls verbatim, so the bridge saves nothing here and costs one
+``/tokenize`` per call; ``bench/bridge_cost.py`` measures it where it pays).
 ``--ttft SxN`` adds a streamed phase per target (and direct) in which the engine
 samples one token per ``--token-latency-ms``: **first text** = time from sending
 the request to the first SSE chunk carrying reply text (replies without text are
@@ -523,7 +526,16 @@ class LoadGen:
     """One phase of simulated agents against one target (``direct``, ``ours`` or ``openenv``)."""
 
     def __init__(
-        self, *, url: str, target: str, admin_key: str, system: str, stream: bool, latency_s: float, jitter: float
+        self,
+        *,
+        url: str,
+        target: str,
+        admin_key: str,
+        system: str,
+        stream: bool,
+        latency_s: float,
+        jitter: float,
+        bridge: bool = True,
     ) -> None:
         self.url = url
         self.target = target
@@ -532,6 +544,7 @@ class LoadGen:
         self.stream = stream
         self.latency_s = latency_s
         self.jitter = jitter
+        self.bridge = bridge  # our proxy's sessions only: earlier revisions and OpenEnv have no bridge
         self.started = 0
 
     def new_agent(self, tag: str) -> Agent:
@@ -542,7 +555,8 @@ class LoadGen:
         if self.target == "direct":
             return
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.target in PROXY_TARGETS else {}
-        async with http.post(f"{self.url}/sessions", json={}, headers=headers) as resp:
+        config = {"bridge": False} if self.target == "ours" and not self.bridge else {}
+        async with http.post(f"{self.url}/sessions", json=config, headers=headers) as resp:
             data = await resp.json()
             if resp.status not in (200, 201):
                 raise RuntimeError(f"{self.target} POST /sessions: {resp.status} {data}")
@@ -818,6 +832,7 @@ def run_phase(
             stream=stream,
             latency_s=latency,
             jitter=0.5,
+            bridge=a.bridge == "on",
         )
         slots = [
             [gen.new_agent(f"{env.run_tag}:{target}:{label}:s{i:03d}r{r:03d}") for r in range(rounds)]
@@ -1147,6 +1162,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run a streamed time-to-first-token phase of this case with a slowly sampling engine (e.g. 4x4)",
     )
     p.add_argument("--token-latency-ms", type=float, default=20.0, help="the engine's ms per token in --ttft")
+    p.add_argument(
+        "--bridge",
+        choices=("on", "off"),
+        default="on",
+        help="our sessions' token-in bridge (off: the proxy's own costs; this agent echoes its calls verbatim)",
+    )
     p.add_argument("--streaming", choices=("off", "on", "both"), default="both")
     p.add_argument("--no-paced", action="store_true", help="skip the paced (added-latency) phase")
     p.add_argument("--paced-rate", type=float, default=None, help="offered calls/s in the paced phase (100)")
