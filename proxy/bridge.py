@@ -249,7 +249,7 @@ class BridgePlan:
     """How one call is prompted: ``tokens`` (bridged) or the engine's rendering (``tokens`` None, with the
     ``fallback`` reason when the history had an assistant message and the bridge was on)."""
 
-    history: History
+    history: History | None  # None: the session's bridge is off, and nothing was fingerprinted
     tokens: list[int] | None = None
     fallback: str | None = None
     saved_tokens: int = 0  # bridged: the parent's ids a row would repeat had the engine rendered the messages
@@ -287,9 +287,11 @@ async def plan_prompt(
 ) -> BridgePlan:
     """The prompt of the engine request ``body`` (see the module docstring); never raises for the engine's sake:
     an engine that can't bridge is a fallback, and the chat route then answers as it would have."""
+    if not enabled:
+        return BridgePlan(None)
     messages, tools, kwargs = body["messages"], body.get("tools"), body.get("chat_template_kwargs")
     history = index.last = History(messages, tools, kwargs, extends=index.last)
-    if not enabled or not history.boundaries:
+    if not history.boundaries:
         return BridgePlan(history)
     matches = index.matches(history)
     if not matches:

@@ -97,12 +97,7 @@ def extract_capture(response: dict[str, Any]) -> Capture:
     if not isinstance(message, dict):
         raise MalformedUpstream("missing choices[0].message")
     _check_reply(response, choice, message)
-    logprobs = choice.get("logprobs")
-    if logprobs is not None and not isinstance(logprobs, dict):
-        raise MalformedUpstream("choices[0].logprobs is not an object")
-    content = (logprobs or {}).get("content")
-    if content is not None and not isinstance(content, list):
-        raise MalformedUpstream("choices[0].logprobs.content is not an array")
+    content = _logprob_entries(choice, "choices[0].")
     if content is None:
         return Capture(prompt_ids, sampled_ids, None, "no logprobs returned")
     if len(content) != len(sampled_ids):
@@ -274,12 +269,7 @@ class StreamAssembler:
         ids = choice.get("token_ids")
         if ids is not None and not isinstance(ids, list):
             raise MalformedUpstream("a stream chunk's token_ids is not an array")
-        logprobs = choice.get("logprobs")
-        if logprobs is not None and not isinstance(logprobs, dict):
-            raise MalformedUpstream("a stream chunk's logprobs is not an object")
-        content = (logprobs or {}).get("content")
-        if content is not None and not isinstance(content, list):
-            raise MalformedUpstream("a stream chunk's logprobs.content is not an array")
+        content = _logprob_entries(choice, "a stream chunk's ")
         if ids is not None:
             if self._ids is None:
                 self._ids = []
@@ -350,6 +340,18 @@ class StreamAssembler:
 
 
 _STRING_FIELDS = frozenset({"content", "reasoning_content", "reasoning"})
+
+
+def _logprob_entries(choice: dict[str, Any], where: str) -> list[Any] | None:
+    """``choice["logprobs"]["content"]``, None when absent; ``MalformedUpstream`` (its message prefixed with
+    ``where``) when the logprobs are not an object or their content not an array."""
+    logprobs = choice.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, dict):
+        raise MalformedUpstream(f"{where}logprobs is not an object")
+    content = (logprobs or {}).get("content")
+    if content is not None and not isinstance(content, list):
+        raise MalformedUpstream(f"{where}logprobs.content is not an array")
+    return content
 
 
 def _check_reply(response: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]) -> None:

@@ -695,7 +695,8 @@ class CaptureProxy:
                 500, f"the turn could not be journaled ({exc}); nothing was recorded", "api_error"
             ) from None
         self.metrics.captured_tokens += len(capture.sampled_ids)
-        session.bridge.add(node_id, plan.history, engine_turn, capture.sampled_ids, metadata)
+        if plan.history is not None:
+            session.bridge.add(node_id, plan.history, engine_turn, capture.sampled_ids, metadata)
 
     def _client_error(
         self, session: Session, dialect: ModuleType, status: int, message: str, param: str | None

@@ -370,6 +370,8 @@ class SessionRegistry:
             )
             session._requests[rec["node_id"]] = request
             session._count(capture)
+            if not config.bridge:
+                continue
             history = History(
                 request["messages"], request["tools"], rec["metadata"].get("chat_template_kwargs"), extends=history
             )

@@ -19,14 +19,6 @@ from proxy.server import CaptureProxy, ProxyConfig
 from proxy.trace import TrainingTrace
 from tests.engine.conftest import Http
 
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a shell command.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
-    },
-}
 TURNS = 4
 
 

@@ -126,18 +126,21 @@ async def _agent_loop(stack: Stack, key: str, turns: int, *, user_turns: bool = 
     for _ in range(turns):
         status, reply = await stack.chat(key, messages, tools=TOOLS)
         assert status == 200, reply
-        message = reply["choices"][0]["message"]
-        calls = [
-            {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
-            for call in message.get("tool_calls") or []
-        ]
-        messages.append(
-            {"role": "assistant", "content": message["content"], **({"tool_calls": calls} if calls else {})}
-        )
-        messages += [{"role": "tool", "tool_call_id": call["id"], "content": "ran"} for call in calls]
-        if not calls:
-            messages.append({"role": "user", "content": "continue" if user_turns else "ok"})
+        _send_back_compactly(messages, reply["choices"][0]["message"], "continue" if user_turns else "ok")
     return messages
+
+
+def _send_back_compactly(messages: list[dict[str, Any]], message: dict[str, Any], user_text: str) -> None:
+    """Append the reply as the agent sends it back (tool call arguments compacted), then a tool result per call,
+    or ``user_text`` after a reply without calls."""
+    calls = [
+        {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
+        for call in message.get("tool_calls") or []
+    ]
+    messages.append({"role": "assistant", "content": message["content"], **({"tool_calls": calls} if calls else {})})
+    messages += [{"role": "tool", "tool_call_id": call["id"], "content": "ran"} for call in calls]
+    if not calls:
+        messages.append({"role": "user", "content": user_text})
 
 
 def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_row(tmp_path: Path) -> None:
@@ -198,17 +201,7 @@ def test_a_bridged_call_renders_once_and_fingerprints_only_its_new_messages(
             status, reply = await stack.chat(key, messages, tools=TOOLS)
             assert status == 200, reply
             costs.append((stack.engine.tokenize_calls - renders, len(hashed) - hashes - new))
-            message = reply["choices"][0]["message"]
-            calls = [
-                {**call, "function": {**call["function"], "arguments": _compact(call["function"]["arguments"])}}
-                for call in message.get("tool_calls") or []
-            ]
-            messages.append(
-                {"role": "assistant", "content": message["content"], **({"tool_calls": calls} if calls else {})}
-            )
-            messages += [{"role": "tool", "tool_call_id": call["id"], "content": "ran"} for call in calls]
-            if not calls:
-                messages.append({"role": "user", "content": "continue"})
+            _send_back_compactly(messages, reply["choices"][0]["message"], "continue")
         assert costs == [(0, 1), (2, 1)] + [(1, 1)] * 22  # (renders, fingerprints past the new messages: the reply)
         turns = (await stack.trace(session.session_id))["turns"]
         for parent, turn in itertools.pairwise(turns):
