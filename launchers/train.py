@@ -37,12 +37,14 @@ from __future__ import annotations
 import functools
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import yaml  # noqa: E402
 from transformers import HfArgumentParser  # noqa: E402
 
 from examples import shell_chores, submit_task  # noqa: E402
@@ -102,13 +104,43 @@ class LaunchArgs:
     window: int = field(default=5, metadata={"help": "Steps averaged for the first/last reward summary."})
 
 
+def config_file_values(path: Path, known: set[str]) -> dict[str, Any]:
+    """The settings of a ``--config`` YAML file: a mapping of flag names (without ``--``) to values.
+
+    ``ValueError`` names the file and what is wrong: unreadable YAML, not a mapping, or a key that is no flag.
+    """
+    try:
+        values = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"--config {path}: {error}") from error
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a mapping of flag names to values, got {type(values).__name__}")
+    unknown = sorted(str(key) for key in values if key not in known)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown settings {', '.join(unknown)} (see --help for the flags)")
+    return values
+
+
 def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]:
+    """Flags over the ``--config`` file over the harness's defaults over ``CPU_DEFAULTS``, through one parser."""
     parser = HfArgumentParser((LaunchArgs, HarnessGRPOConfig))
+    parser.add_argument("--config", type=Path, help="YAML file of settings (flag names as keys); flags override it.")
     parser.set_defaults(**CPU_DEFAULTS)
-    harness = parser.parse_known_args(args=argv)[0].harness
+    known, _ = parser.parse_known_args(args=argv)
+    from_file: dict[str, Any] = {}
+    if known.config is not None:
+        try:
+            settings = {f.name for dataclass_type in (LaunchArgs, HarnessGRPOConfig) for f in fields(dataclass_type)}
+            from_file = config_file_values(known.config, settings)
+        except ValueError as error:
+            parser.error(str(error))
+    harness = from_file.get("harness", known.harness)
     if harness in AGENTS:
         parser.set_defaults(**CLI_DEFAULTS, output_dir=str(REPO / "runs" / f"train-{harness}"))
-    launch, config = parser.parse_args_into_dataclasses(args=argv)
+    parser.set_defaults(**from_file)
+    launch, config, _ = parser.parse_args_into_dataclasses(args=argv)
     if launch.harness not in HARNESSES:
         parser.error(f"--harness {launch.harness!r} is not wired in this launcher; choose from {HARNESSES}")
     return launch, config

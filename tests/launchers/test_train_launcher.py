@@ -169,3 +169,46 @@ def test_shell_chores_verifier_reads_the_working_directory(tmp_path: Path) -> No
     assert shell_chores.verifier(tmp_path, task) == 0.5
     (tmp_path / task["file"]).write_text(f"{task['word']}\n")
     assert shell_chores.verifier(tmp_path, task) == 1.0
+
+
+def _launcher_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_launcher", REPO / "launchers" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_config_file_sets_any_setting_and_flags_override_it(tmp_path: Path) -> None:
+    launcher = _launcher_module()
+    config = tmp_path / "run.yaml"
+    config.write_text("harness: opencode\nlearning_rate: 0.01\nnum_generations: 4\nmax_concurrent_rollouts: 4\n")
+    launch, args = launcher.parse(["--config", str(config), "--num_generations", "2"])
+    assert launch.harness == "opencode"
+    assert args.learning_rate == 0.01  # from the file
+    assert args.num_generations == 2  # the flag wins over the file
+    assert args.temperature == launcher.CLI_DEFAULTS["temperature"]  # the file's harness picked its defaults
+    assert args.output_dir.endswith("train-opencode")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("learning_rate: 0.01\nlearnin_rate: 2\n", "unknown settings learnin_rate"),
+        ("- 1\n- 2\n", "expected a mapping"),
+        ("a: [1,\n", "--config"),
+    ],
+)
+def test_config_file_errors_name_the_file_and_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    launcher = _launcher_module()
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        launcher.parse(["--config", str(config)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and str(config) in err, err
