@@ -237,11 +237,13 @@ class LocalEnvironment(BaseEnvironment):
             await self._forwarder.close()
             self._forwarder = None
         if self._anchor is not None:
-            if self._anchor_pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self._anchor_pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                self._anchor.kill()
+            # os.kill, not Process.kill: Popen reaps the process there, which asyncio's watcher would miss.
+            for pid in (self._anchor_pid, self._anchor.pid):
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if self._anchor.stdin is not None:
+                self._anchor.stdin.close()
             await self._anchor.wait()
             self._anchor = None
             self._anchor_pid = None
