@@ -35,13 +35,13 @@ from harness_grpo.agents.spec import AgentLaunch
 os.environ["HARBOR_TELEMETRY"] = "0"
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM would fetch its cost map at import
 
-from harbor.agents.base import BaseAgent  # noqa: E402
-from harbor.agents.installed.base import NonZeroAgentExitCodeError  # noqa: E402
-from harbor.agents.terminus_2 import Terminus2  # noqa: E402
-from harbor.environments.base import BaseEnvironment  # noqa: E402
-from harbor.models.agent.context import AgentContext  # noqa: E402
-from harbor.models.trial.paths import EnvironmentPaths  # noqa: E402
-from harbor.models.trial.result import AgentInfo, ModelInfo  # noqa: E402
+from harbor.agents.base import BaseAgent
+from harbor.agents.installed.base import NonZeroAgentExitCodeError
+from harbor.agents.terminus_2 import Terminus2
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+from harbor.models.trial.paths import EnvironmentPaths
+from harbor.models.trial.result import AgentInfo, ModelInfo
 
 API_KEY_ENV = "HARNESS_API_KEY"
 """The variable of ``AgentConfig.env`` that carries the proxy session's key to every agent here."""

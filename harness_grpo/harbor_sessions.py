@@ -55,14 +55,14 @@ from proxy.trace import TrainingTrace
 
 os.environ["HARBOR_TELEMETRY"] = "0"  # before Harbor is imported or used
 
-from harbor.models.agent.name import AgentName  # noqa: E402
-from harbor.models.environment_type import EnvironmentType  # noqa: E402
-from harbor.models.task.task import Task  # noqa: E402
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig  # noqa: E402
-from harbor.models.trial.result import TrialResult  # noqa: E402
-from harbor.trial.trial import Trial  # noqa: E402
+from harbor.models.agent.name import AgentName
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.task.task import Task
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.models.trial.result import TrialResult
+from harbor.trial.trial import Trial
 
-from harness_grpo.harbor_agents import API_KEY_ENV, terminus2_kwargs  # noqa: E402
+from harness_grpo.harbor_agents import API_KEY_ENV, terminus2_kwargs
 
 log = logging.getLogger(__name__)
 
