@@ -73,7 +73,7 @@ class RegistryAgent(BaseAgent):
         binary = agent_binary(agent)
         if binary is None:
             raise FileNotFoundError(f"{agent} is not installed on this host; run launchers/install_agents.sh")
-        self.binary = str(binary.resolve())  # the real file: the sandbox shows host paths, not our symlinks
+        self.binary = str(binary)
         self.proxy_url = proxy_url.rstrip("/")
         self.system_prompt = system_prompt
         self.max_steps = self.spec.max_steps if max_steps is None else max_steps
