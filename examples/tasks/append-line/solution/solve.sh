@@ -1,0 +1,2 @@
+#!/bin/bash
+echo finished >> /app/log.txt

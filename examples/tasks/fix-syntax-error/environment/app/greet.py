@@ -1,0 +1,9 @@
+import sys
+
+
+def greet(name)
+    return f"Hello, {name}!"
+
+
+if __name__ == "__main__":
+    print(greet(sys.argv[1]))

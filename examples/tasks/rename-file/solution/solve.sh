@@ -1,0 +1,2 @@
+#!/bin/bash
+mv /app/draft.txt /app/final.txt

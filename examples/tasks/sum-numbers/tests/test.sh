@@ -1,0 +1,9 @@
+#!/bin/bash
+# Reward 1 when /app/sum.txt holds the sum of the original /app/numbers.txt, else 0.
+# Always ends by writing /logs/verifier/reward.json (anything missing scores 0).
+export PATH=/usr/local/bin:/usr/bin:/bin
+mkdir -p /logs/verifier
+reward=0
+if [ -f /app/sum.txt ] && [ "$(tr -d '[:space:]' < /app/sum.txt)" = "163" ]; then reward=1; fi
+rm -f /logs/verifier/reward.txt
+printf '{"reward": %s}\n' "$reward" > /logs/verifier/reward.json
