@@ -32,8 +32,9 @@ from harness_grpo.agents import agent_binary, get_agent
 from harness_grpo.agents.run import HOME_DIRS, hermetic_env
 from harness_grpo.agents.spec import AgentLaunch
 
+# Before Harbor (or LiteLLM, which it imports) is imported: no telemetry, no cost-map download.
 os.environ["HARBOR_TELEMETRY"] = "0"
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM would fetch its cost map at import
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from harbor.agents.base import BaseAgent
 from harbor.agents.installed.base import NonZeroAgentExitCodeError

@@ -17,7 +17,8 @@ The agent (``harness``):
 - ``terminus-2``: Harbor's own, run on the host, LiteLLM pointed at the proxy (``ProxyTerminus2``);
 - any other Harbor agent, by name or ``module:Class`` import path, configured as Harbor's ``AgentConfig``
   configures one: ``model_name`` (default ``openai/<served name>``), ``base_url`` = proxy ``/v1`` and the
-  session key in ``AgentConfig.env`` under ``model_api_key_name``.
+  session key in ``AgentConfig.env`` under ``model_api_key_name`` (agents without a model connection, such
+  as ``oracle`` and ``nop``, get neither).
 
 The environment (``sandbox``): ``local`` is ``harness_grpo.harbor_local:LocalEnvironment``, allowed to reach
 only the proxy's port; ``docker``, ``e2b``, ``modal``, ``daytona`` (any Harbor ``EnvironmentType``) and
@@ -53,8 +54,11 @@ from harness_grpo.rollout_context import BoundSessionFactory, ProxySessionLease,
 from harness_grpo.session_protocol import VerifyResult, instruction_of
 from proxy.trace import TrainingTrace
 
-os.environ["HARBOR_TELEMETRY"] = "0"  # before Harbor is imported or used
+# Before Harbor (or LiteLLM, which it imports) is imported: no telemetry, no cost-map download.
+os.environ["HARBOR_TELEMETRY"] = "0"
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from harbor.agents.factory import AgentFactory
 from harbor.models.agent.name import AgentName
 from harbor.models.environment_type import EnvironmentType
 from harbor.models.task.task import Task
@@ -63,6 +67,7 @@ from harbor.models.trial.result import TrialResult
 from harbor.trial.trial import Trial
 
 from harness_grpo.harbor_agents import API_KEY_ENV, terminus2_kwargs
+from harness_grpo.harbor_tasks import resolve_task_dirs
 
 log = logging.getLogger(__name__)
 
@@ -93,19 +98,7 @@ class HarborTask:
         if not (path / "task.toml").is_file():
             raise FileNotFoundError(f"{path} is not a Harbor task: it has no task.toml")
         task = Task(task_dir=path)
-        return cls(path, path.name, task.instruction, task.config.agent.timeout_sec)
-
-
-def task_dirs(tasks: str | Path | Sequence[str | Path]) -> list[Path]:
-    """The task directories ``tasks`` names: one task, a directory of tasks, or a list of either."""
-    if isinstance(tasks, str | Path):
-        root = Path(tasks)
-        if (root / "task.toml").is_file():
-            return [root]
-        if not root.is_dir():
-            raise FileNotFoundError(f"tasks: {root} is neither a task nor a directory of tasks")
-        return sorted(child for child in root.iterdir() if (child / "task.toml").is_file())
-    return [path for item in tasks for path in task_dirs(item)]
+        return cls(path, task.name, task.instruction, task.config.agent.timeout_sec)
 
 
 def trial_reward(result: TrialResult | None, reward_key: str = "reward") -> float | None:
@@ -265,7 +258,9 @@ class HarborSessionFactory(BoundSessionFactory):
     """Creates ``HarborSession``s (module docstring).
 
     ``harness``: a registry agent, ``terminus-2``, or any Harbor agent name or ``module:Class`` import path.
-    ``tasks``: where rows without a ``task_path`` find their task (``task_dirs``). ``sandbox``: ``local``, a
+    ``tasks``: where rows without a ``task_path`` find their task: a dataset source as
+    ``harness_grpo.harbor_tasks.load_task_dataset`` takes it (a task or a directory of tasks, ``hf://...``, a
+    Harbor dataset name), read at the first lookup, or a list of task directories. ``sandbox``: ``local``, a
     Harbor ``EnvironmentType`` value, or an environment import path; ``environment_kwargs`` go to it.
     ``proxy_url``: the proxy's root as the sandboxed agent reaches it (default: the bound proxy's own).
     ``system_prompt`` and ``max_steps`` configure registry agents (``max_steps`` is terminus-2's ``max_turns``);
@@ -310,18 +305,24 @@ class HarborSessionFactory(BoundSessionFactory):
         self.trial_grace_s = trial_grace_s
         self.owns_trials_dir = trials_dir is None
         self.trials_dir = Path(tempfile.mkdtemp(prefix="harbor-trials-") if trials_dir is None else trials_dir)
-        self._tasks = None if tasks is None else task_dirs(tasks)
+        self._tasks = tasks
         self._by_name: dict[str, HarborTask] | None = None
         self._by_instruction: dict[str, HarborTask] | None = None
-        self._check_harness()
+        self._connects = self._check_harness()
 
-    def _check_harness(self) -> None:
+    def _check_harness(self) -> bool:
+        """Whether a Harbor-configured harness takes a model connection; ``ValueError`` for an unknown one."""
         known = (*REGISTRY, "terminus-2")
-        if self.harness not in known and ":" not in self.harness and self.harness not in AgentName.values():
+        if self.harness in known:
+            return True
+        if ":" not in self.harness and self.harness not in AgentName.values():
             raise ValueError(
                 f"unknown harness {self.harness!r}: choose from {', '.join(known)}, "
                 "a Harbor agent name, or a module:Class import path"
             )
+        by_path = ":" in self.harness
+        config = AgentConfig(name=None if by_path else self.harness, import_path=self.harness if by_path else None)
+        return AgentFactory.get_agent_class_from_config(config).MODEL_CONNECTION is not None
 
     @staticmethod
     def _environment_config(sandbox: str, kwargs: dict[str, Any]) -> EnvironmentConfig:
@@ -347,7 +348,11 @@ class HarborSessionFactory(BoundSessionFactory):
         if self._tasks is None:
             raise ValueError("the row has no task_path and the factory was given no tasks to look it up in")
         if self._by_name is None or self._by_instruction is None:
-            loaded = [HarborTask.load(path) for path in self._tasks]
+            if isinstance(self._tasks, str | Path):
+                paths = resolve_task_dirs(self._tasks)
+            else:
+                paths = [Path(path) for path in self._tasks]
+            loaded = [HarborTask.load(path) for path in paths]
             self._by_name = {task.name: task for task in loaded}
             self._by_instruction = {task.instruction.strip(): task for task in loaded}
         name = row.get("task_name")
@@ -404,12 +409,13 @@ class HarborSessionFactory(BoundSessionFactory):
                 env=env,
             )
         by_path = ":" in self.harness
+        connection: dict[str, Any] = {}
+        if self._connects:  # agents without a model (oracle, nop) refuse a connection
+            connection = {"base_url": f"{proxy_url}/v1", "model_api_key_name": API_KEY_ENV, "env": env}
         return AgentConfig(
             name=None if by_path else self.harness,
             import_path=self.harness if by_path else None,
             model_name=self.agent_model_name or f"openai/{context.model_name}",
-            base_url=f"{proxy_url}/v1",
-            model_api_key_name=API_KEY_ENV,
             kwargs=dict(self.agent_kwargs),
-            env=env,
+            **connection,
         )
