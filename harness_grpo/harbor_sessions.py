@@ -128,12 +128,19 @@ class _TrialRun:
         return await trial.run()
 
     def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
         try:
             self.result = self._loop.run_until_complete(self._task)
         except BaseException as exc:
             self.error = exc
-        finally:
+        finally:  # as asyncio.run ends: what the trial left running (LiteLLM's logging worker) is cancelled
+            left = asyncio.all_tasks(self._loop)
+            for task in left:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            asyncio.set_event_loop(None)
             self._loop.close()
 
     def join(self, timeout_s: float | None) -> bool:
