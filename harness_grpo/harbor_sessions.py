@@ -257,8 +257,8 @@ class HarborSession:
                     self._factory.trial_grace_s,
                 )
         self.lease.release()
-        if ended and self._factory.owns_trials_dir:
-            shutil.rmtree(self.config.trials_dir / self.config.trial_name, ignore_errors=True)
+        if ended and self._factory.trials_dir is None:  # the session's own temporary directory
+            shutil.rmtree(self.config.trials_dir, ignore_errors=True)
 
 
 class HarborSessionFactory(BoundSessionFactory):
@@ -274,7 +274,7 @@ class HarborSessionFactory(BoundSessionFactory):
     ``agent_kwargs`` are added to the agent's ``AgentConfig.kwargs``; ``agent_model_name`` is the model name of
     an agent Harbor configures (default ``openai/<served name>``). ``max_input_tokens``/``max_output_tokens``
     are terminus-2's ``model_info``. ``trials_dir`` keeps each trial's Harbor directory (default: a temporary
-    one, removed as sessions close). ``trial_grace_s`` bounds what a trial may take beyond its agent's timeout
+    one per session, removed when it closes). ``trial_grace_s`` bounds what a trial may take beyond its agent's timeout
     (environment start, verifier) and how long ``close`` waits for a cancelled trial.
     """
 
@@ -310,8 +310,7 @@ class HarborSessionFactory(BoundSessionFactory):
         self.max_input_tokens = max_input_tokens
         self.max_output_tokens = max_output_tokens
         self.trial_grace_s = trial_grace_s
-        self.owns_trials_dir = trials_dir is None
-        self.trials_dir = Path(tempfile.mkdtemp(prefix="harbor-trials-") if trials_dir is None else trials_dir)
+        self.trials_dir = None if trials_dir is None else Path(trials_dir)
         self._tasks = tasks
         self._by_name: dict[str, HarborTask] | None = None
         self._by_instruction: dict[str, HarborTask] | None = None
@@ -381,7 +380,7 @@ class HarborSessionFactory(BoundSessionFactory):
         return TrialConfig(
             task=TaskConfig(path=task.path),
             trial_name=f"{task.name[:32]}__{episode_id[:12]}",
-            trials_dir=self.trials_dir,
+            trials_dir=self.trials_dir or Path(tempfile.mkdtemp(prefix="harbor-trial-")),
             agent=self.agent_config(context, api_key),
             environment=environment,
         )

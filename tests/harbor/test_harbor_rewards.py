@@ -9,6 +9,7 @@ absent value, or a trial Harbor marks ``reward_valid=False`` gives None. The tra
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -90,13 +91,18 @@ def test_a_harbor_agent_by_import_path_gets_the_proxy_and_the_session_key(
 
 
 @pytest.mark.timeout(120)
-def test_the_trainers_rollout_reads_the_trial(agent_stack: AgentStack, tmp_path: Path) -> None:
+def test_the_trainers_rollout_reads_the_trial(
+    agent_stack: AgentStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     task = make_task(tmp_path, "answer", test=ANSWER_IS_42, solve=ORACLE_ANSWERS)
     factory = bound_factory(agent_stack, harness="oracle")
     row = {"prompt": [{"role": "user", "content": "Write 42 into /app/answer.txt."}], "task_path": str(task)}
     outcome = run_rollout(factory, row, seed=0, timeout_s=TRIAL_TIMEOUT_S)
     assert outcome.error is None and outcome.env_reward == 1.0 and not outcome.timed_out
-    assert not list(factory.trials_dir.iterdir()), "the factory's own trial directories go with their sessions"
+    assert not [p for p in temporary.iterdir() if p.name.startswith("harbor-trial-")], "a session's trial dir stays"
 
 
 def test_rows_find_their_task_by_path_name_or_instruction(tmp_path: Path) -> None:
