@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness_grpo.harbor_sessions import HarborSession, HarborSessionFactory
+from harness_grpo.agents import REGISTRY, AgentCommand, AgentLaunch, AgentSpec, Install
+from harness_grpo.agents.spec import BIN_DIRS
+from harness_grpo.harbor_sessions import HarborSession, HarborSessionFactory, HarborTrialError
 from harness_grpo.rollouts import run_rollout
 from tests.agents.conftest import AgentStack
 from tests.harbor.conftest import AGENT_MODEL, bound_factory, make_task
@@ -127,3 +129,31 @@ def test_unknown_harness_or_sandbox_is_refused_naming_the_choices() -> None:
         HarborSessionFactory(harness="nope", sampling={})
     with pytest.raises(ValueError, match=r"unknown sandbox 'cloud': choose local, a Harbor environment type \(docker"):
         HarborSessionFactory(harness="opencode", sampling={}, sandbox="cloud")
+
+
+def _configure_nothing(launch: AgentLaunch) -> AgentCommand:
+    return AgentCommand(argv=[launch.binary], env={})
+
+
+@pytest.mark.timeout(120)
+def test_a_cli_the_sandbox_cannot_reach_is_a_clear_error(
+    agent_stack: AgentStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry CLI installed where the local sandbox does not look (here the host's /tmp) is never run."""
+    installed = tmp_path / "bin"
+    installed.mkdir()
+    (installed / "hidden-cli").write_text("#!/bin/sh\nexit 0\n")
+    (installed / "hidden-cli").chmod(0o755)
+    monkeypatch.setitem(BIN_DIRS, "pip", installed)
+    install = Install("pip", "hidden-cli", "0")
+    spec = AgentSpec("hidden-cli", "hidden-cli", "openai_chat", install, _configure_nothing, max_steps=1)
+    monkeypatch.setitem(REGISTRY, spec.name, spec)
+    task = make_task(tmp_path, "answer", test=ANSWER_IS_42)
+    factory = bound_factory(agent_stack, harness="hidden-cli")
+    session = factory.create_from_row({"prompt": "x", "task_path": str(task)}, seed=0, episode_id="hidden")
+    try:
+        with pytest.raises(HarborTrialError, match=r"AgentUnavailableError: hidden-cli: .*/hidden-cli is not reach"):
+            session.wait_for_completion(TRIAL_TIMEOUT_S)
+    finally:
+        session.close()
+    assert session.verify().env_reward is None
