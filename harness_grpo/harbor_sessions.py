@@ -269,13 +269,14 @@ class HarborSessionFactory(BoundSessionFactory):
     ``harness_grpo.harbor_tasks.load_task_dataset`` takes it (a task or a directory of tasks, ``hf://...``, a
     Harbor dataset name), read at the first lookup, or a list of task directories. ``sandbox``: ``local``, a
     Harbor ``EnvironmentType`` value, or an environment import path; ``environment_kwargs`` go to it.
-    ``proxy_url``: the proxy's root as the sandboxed agent reaches it (default: the bound proxy's own).
+    ``proxy_url``: the proxy's root as the sandboxed agent reaches it (default: the bound proxy's own; required
+    for any other sandbox than ``local`` unless the agent runs on the host).
     ``system_prompt`` and ``max_steps`` configure registry agents (``max_steps`` is terminus-2's ``max_turns``);
     ``agent_kwargs`` are added to the agent's ``AgentConfig.kwargs``; ``agent_model_name`` is the model name of
     an agent Harbor configures (default ``openai/<served name>``). ``max_input_tokens``/``max_output_tokens``
     are terminus-2's ``model_info``. ``trials_dir`` keeps each trial's Harbor directory (default: a temporary
-    one per session, removed when it closes). ``trial_grace_s`` bounds what a trial may take beyond its agent's timeout
-    (environment start, verifier) and how long ``close`` waits for a cancelled trial.
+    one per session, removed when it closes). ``trial_grace_s`` bounds what a trial may take beyond its agent's
+    timeout (environment start, verifier) and how long ``close`` waits for a cancelled trial.
     """
 
     def __init__(
@@ -315,6 +316,13 @@ class HarborSessionFactory(BoundSessionFactory):
         self._by_name: dict[str, HarborTask] | None = None
         self._by_instruction: dict[str, HarborTask] | None = None
         self._connects = self._check_harness()
+        runs_on_the_host = harness == "terminus-2" or not self._connects
+        if sandbox != "local" and proxy_url is None and not runs_on_the_host:
+            raise ValueError(
+                f"sandbox {sandbox!r} runs {harness} on another machine, where 127.0.0.1 is not the proxy: "
+                "pass proxy_url, an address of the proxy that machine reaches"
+            )
+        self._lookup_lock = threading.Lock()
 
     def _check_harness(self) -> bool:
         """Whether a Harbor-configured harness takes a model connection; ``ValueError`` for an unknown one."""
@@ -353,14 +361,15 @@ class HarborSessionFactory(BoundSessionFactory):
             return HarborTask.load(row["task_path"])
         if self._tasks is None:
             raise ValueError("the row has no task_path and the factory was given no tasks to look it up in")
-        if self._by_name is None or self._by_instruction is None:
-            if isinstance(self._tasks, str | Path):
-                paths = resolve_task_dirs(self._tasks)
-            else:
-                paths = [Path(path) for path in self._tasks]
-            loaded = [HarborTask.load(path) for path in paths]
-            self._by_name = {task.name: task for task in loaded}
-            self._by_instruction = {task.instruction.strip(): task for task in loaded}
+        with self._lookup_lock:  # rollouts start from several threads; the tasks are read (or downloaded) once
+            if self._by_name is None or self._by_instruction is None:
+                if isinstance(self._tasks, str | Path):
+                    paths = resolve_task_dirs(self._tasks)
+                else:
+                    paths = [Path(path) for path in self._tasks]
+                loaded = [HarborTask.load(path) for path in paths]
+                self._by_name = {task.name: task for task in loaded}
+                self._by_instruction = {task.instruction.strip(): task for task in loaded}
         name = row.get("task_name")
         if name:
             if name not in self._by_name:

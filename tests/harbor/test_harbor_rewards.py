@@ -124,11 +124,15 @@ def test_rows_find_their_task_by_path_name_or_instruction(tmp_path: Path) -> Non
         HarborSessionFactory(harness="oracle", sampling={}).task_for({"prompt": "x"})
 
 
-def test_unknown_harness_or_sandbox_is_refused_naming_the_choices() -> None:
+def test_a_factory_it_cannot_run_is_refused_saying_why() -> None:
     with pytest.raises(ValueError, match=r"unknown harness 'nope': choose from opencode, codex, .*terminus-2"):
         HarborSessionFactory(harness="nope", sampling={})
     with pytest.raises(ValueError, match=r"unknown sandbox 'cloud': choose local, a Harbor environment type \(docker"):
         HarborSessionFactory(harness="opencode", sampling={}, sandbox="cloud")
+    with pytest.raises(ValueError, match=r"sandbox 'e2b' runs opencode on another machine.*pass proxy_url"):
+        HarborSessionFactory(harness="opencode", sampling={}, sandbox="e2b")
+    HarborSessionFactory(harness="opencode", sampling={}, sandbox="e2b", proxy_url="https://proxy.example")
+    HarborSessionFactory(harness="terminus-2", sampling={}, sandbox="e2b")  # runs on the host, next to the proxy
 
 
 def _configure_nothing(launch: AgentLaunch) -> AgentCommand:
