@@ -233,23 +233,34 @@ class LocalEnvironment(BaseEnvironment):
             raise
 
     async def stop(self, delete: bool) -> None:
-        if self._forwarder is not None:
-            await self._forwarder.close()
-            self._forwarder = None
-        if self._anchor is not None:
-            if self._anchor_pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self._anchor_pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                self._anchor.kill()
-            await self._anchor.wait()
-            self._anchor = None
-            self._anchor_pid = None
+        try:
+            if self._forwarder is not None:
+                forwarder, self._forwarder = self._forwarder, None
+                await forwarder.close()
+        finally:
+            try:
+                await self._kill_anchor()
+            finally:
+                if self._base is not None and delete:
+                    await asyncio.to_thread(shutil.rmtree, self._base, True)
+                    self._base = None
+
+    async def _kill_anchor(self) -> None:
+        """Kill the anchor (its PID namespace, so every process of the trial, goes with it) and reap it."""
         for pid in list(self._running):
             _kill_tree(pid)
-        if self._base is not None and delete:
-            await asyncio.to_thread(shutil.rmtree, self._base, True)
-            self._base = None
+        if self._anchor is None:
+            return
+        anchor, self._anchor = self._anchor, None
+        # os.kill, not Process.kill: Popen reaps the process there, which asyncio's watcher would miss.
+        for pid in (self._anchor_pid, anchor.pid):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._anchor_pid = None
+        if anchor.stdin is not None:
+            anchor.stdin.close()
+        await anchor.wait()
 
     async def exec(
         self,
