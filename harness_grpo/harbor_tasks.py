@@ -11,7 +11,8 @@ in the shape of OpenEnv's ``HarborSessionFactory`` rows plus the task's local di
 - a local directory: a single task (it holds ``task.toml``) or a dataset whose subdirectories are tasks
   (those holding ``task.toml``, in name order);
 - ``hf://owner/name[/sub/dir][@revision]``: a Hugging Face Hub *dataset* repo of task directories, downloaded
-  with ``huggingface_hub.snapshot_download(repo_type="dataset")`` and then read as a local directory;
+  with ``huggingface_hub.snapshot_download(repo_type="dataset")`` into ``download_dir`` (default: Harbor's task
+  cache, ``~/.cache/harbor/tasks/hf``) and then read as a local directory;
 - a Harbor dataset name, ``name`` or ``name@version`` (``org/name[@ref]`` for Harbor Hub packages), resolved and
   downloaded by Harbor's own dataset client: the default Harbor registry, or the registry JSON at
   ``registry_path`` / ``registry_url``.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+from harbor.constants import TASK_CACHE_DIR
 from harbor.models.job.config import DatasetConfig
 from harbor.models.task.paths import TaskPaths
 from harbor.models.task.task import Task
@@ -120,12 +122,14 @@ def _download_hub_dataset(spec: str, download_dir: Path | None) -> Path:
     if len(parts) < 2:
         raise TaskDatasetError(f"Hub dataset must be {HUB_PREFIX}owner/name[/sub/dir][@revision], got {spec!r}")
     repo_id, subdir = "/".join(parts[:2]), "/".join(parts[2:])
+    # Real files, not the Hub cache's symlinks into its blob store: Harbor refuses task files that lead outside.
+    local_dir = (download_dir or TASK_CACHE_DIR / "hf") / repo_id / (revision or "main")
     try:
         root = snapshot_download(
             repo_id,
             repo_type="dataset",
             revision=revision or None,
-            local_dir=download_dir / repo_id if download_dir else None,
+            local_dir=local_dir,
             allow_patterns=f"{subdir}/**" if subdir else None,
         )
     except LocalEntryNotFoundError as error:

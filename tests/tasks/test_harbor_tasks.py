@@ -1,6 +1,6 @@
 """Loading Harbor task datasets into trainer rows: a local dataset dir, a single task, a Harbor registry dataset
-(Harbor's own client on a local registry JSON, with tasks on disk and in a git repository), and the clear errors
-for everything that names no usable task."""
+(Harbor's own client on a local registry JSON, with tasks on disk and in a git repository), a Hub dataset repo
+(``huggingface_hub`` against FakeHub on loopback), and the clear errors for everything that names no usable task."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import datasets
 import pytest
 
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset
+from tests.tasks.fake_hub import FakeHub
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "tasks"
@@ -156,22 +157,55 @@ def test_a_hub_dataset_needs_owner_and_name() -> None:
         load_task_dataset("hf://tasks")
 
 
-def test_a_hub_dataset_without_network_is_a_clear_error(tmp_path: Path) -> None:
-    """The Hub endpoint is a closed loopback port and the cache is empty: what a machine without network sees."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
+def _load_in_child(source: str, hub_endpoint: str, home: Path) -> str:
+    """load_task_dataset(source) in a fresh Python (the Hub endpoint is read at import): its rows as JSON, or its
+    TaskDatasetError's message."""
     script = (
+        "import json, sys\n"
         "from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset\n"
-        "try:\n    load_task_dataset('hf://someone/agent-tasks')\n"
+        "try:\n    print(json.dumps(load_task_dataset(sys.argv[1]).to_list()))\n"
         "except TaskDatasetError as error:\n    print(error)\n"
     )
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(REPO),
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_ENDPOINT": f"http://127.0.0.1:{closed_port}",
+        "HOME": str(home),
+        "HF_HOME": str(home / "hf"),
+        "HF_ENDPOINT": hub_endpoint,
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     }
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script, source], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "Cannot download Hub dataset 'someone/agent-tasks': the Hub is unreachable" in done.stdout
+    return done.stdout
+
+
+def test_a_hub_dataset_repo_is_downloaded_as_real_files_and_read_like_a_local_dir(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in ("roman-numerals", "make-directory"):
+        shutil.copytree(EXAMPLES / name, repo / "tasks" / name)
+    (repo / "README.md").write_text("Agent tasks.")
+    with FakeHub("someone/agent-tasks", repo) as hub:
+        rows = json.loads(_load_in_child("hf://someone/agent-tasks/tasks", hub.url, tmp_path / "home"))
+        single = json.loads(
+            _load_in_child("hf://someone/agent-tasks/tasks/roman-numerals@main", hub.url, tmp_path / "home")
+        )
+    downloaded = tmp_path / "home" / ".cache" / "harbor" / "tasks" / "hf" / "someone" / "agent-tasks" / "main" / "tasks"
+    assert [(row["task_name"], row["task_index"], row["task_path"]) for row in rows] == [
+        ("make-directory", 0, str(downloaded / "make-directory")),
+        ("roman-numerals", 1, str(downloaded / "roman-numerals")),
+    ]
+    assert rows[1]["prompt"] == [{"role": "user", "content": _instruction("roman-numerals")}]
+    assert [row["task_name"] for row in single] == ["roman-numerals"]
+    check = downloaded / "roman-numerals" / "tests" / "check.py"
+    assert (
+        not check.is_symlink() and check.read_text() == (EXAMPLES / "roman-numerals" / "tests" / "check.py").read_text()
+    )
+
+
+def test_a_hub_dataset_without_network_is_a_clear_error(tmp_path: Path) -> None:
+    """The Hub endpoint is a closed loopback port and nothing is cached: what a machine without network sees."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    message = _load_in_child("hf://someone/agent-tasks", f"http://127.0.0.1:{closed_port}", tmp_path / "home")
+    assert "Cannot download Hub dataset 'someone/agent-tasks': the Hub is unreachable" in message
