@@ -1,0 +1,436 @@
+"""Harbor sessions: one rollout is one proxy session plus one Harbor trial of one task.
+
+``HarborSessionFactory`` is a ``TrainerBoundSessionFactory``: the trainer builds it with ``sampling`` and binds
+its proxy (``bind_rollout``); per rollout, ``create_from_row(row, ...)`` maps the dataset row to its task (the
+row's ``task_path``, else its ``task_name``, else its instruction text, looked up in ``tasks``) and leases a
+proxy session whose key becomes the agent's API key. ``HarborSession.wait_for_completion(timeout_s)`` runs
+the trial, ``await Trial.create(config)`` then ``await trial.run()``, on a private event loop in its own
+thread, and blocks until it ends: the environment starts, the agent runs against the proxy, the verifier
+runs, the environment is stopped and deleted. The agent's Harbor timeout is the shorter of the task's and
+``timeout_s``; when it fires, Harbor still runs the verifier, and ``wait_for_completion`` raises
+``TimeoutError`` afterwards, so the rollout keeps its captured tokens and its reward (``timed_out``).
+
+The agent (``harness``):
+
+- a registry CLI (opencode, claude-code, codex, mini-swe-agent): ``harness_grpo.harbor_agents.RegistryAgent``,
+  the host-installed CLI run inside the environment, configured by its registry entry;
+- ``terminus-2``: Harbor's own, run on the host, LiteLLM pointed at the proxy (``ProxyTerminus2``);
+- any other Harbor agent, by name or ``module:Class`` import path, configured as Harbor's ``AgentConfig``
+  configures one: ``model_name`` (default ``openai/<served name>``), ``base_url`` = proxy ``/v1`` and the
+  session key in ``AgentConfig.env`` under ``model_api_key_name`` (agents without a model connection, such
+  as ``oracle`` and ``nop``, get neither).
+
+The environment (``sandbox``): ``local`` is ``harness_grpo.harbor_local:LocalEnvironment``, allowed to reach
+only the proxy's port; ``docker``, ``e2b``, ``modal``, ``daytona`` (any Harbor ``EnvironmentType``) and
+``module:Class`` import paths pass through to Harbor, and ``proxy_url`` must then be an address of the proxy
+that those machines reach.
+
+The reward (``verify``) is the verifier's ``reward.json``/``reward.txt`` value under ``reward_key``; None, never
+0, when the trial never reached its verifier, the value is missing or not a finite number, or Harbor marks the
+trial's reward invalid (``TrialResult.reward_valid``: any exception other than budget exhaustion, a non-zero
+agent exit included). ``close`` cancels a running trial (Harbor then stops and deletes its environment),
+releases the proxy session and removes the trial's directory unless ``trials_dir`` was given; from any
+thread, more than once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from harness_grpo.agents import REGISTRY
+from harness_grpo.rollout_context import BoundSessionFactory, ProxySessionLease, RolloutContext
+from harness_grpo.session_protocol import VerifyResult, instruction_of
+from proxy.trace import TrainingTrace
+
+# Before Harbor (or LiteLLM, which it imports) is imported: no telemetry, no cost-map download.
+os.environ["HARBOR_TELEMETRY"] = "0"
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from harbor.agents.factory import AgentFactory
+from harbor.models.agent.name import AgentName
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.task.task import Task
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.models.trial.result import TrialResult
+from harbor.trial.trial import Trial
+
+from harness_grpo.harbor_agents import API_KEY_ENV, terminus2_kwargs
+from harness_grpo.harbor_tasks import resolve_task_dirs
+
+log = logging.getLogger(__name__)
+
+LOCAL_ENVIRONMENT = "harness_grpo.harbor_local:LocalEnvironment"
+REGISTRY_AGENT = "harness_grpo.harbor_agents:RegistryAgent"
+TERMINUS_2 = "harness_grpo.harbor_agents:ProxyTerminus2"
+AGENT_TIMEOUT = "AgentTimeoutError"
+"""Harbor's exception type for an agent stopped at its timeout (``harbor.trial.errors``)."""
+
+
+class HarborTrialError(RuntimeError):
+    """The trial failed before its agent ran (task, environment or agent setup); names Harbor's exception."""
+
+
+@dataclass(frozen=True)
+class HarborTask:
+    """One Harbor-format task directory: its name, instruction text and agent timeout (None: unlimited)."""
+
+    path: Path
+    name: str
+    instruction: str
+    agent_timeout_s: float | None
+
+    @classmethod
+    def load(cls, path: str | Path) -> HarborTask:
+        """The task at ``path``; ``FileNotFoundError`` when it holds no ``task.toml``."""
+        path = Path(path).resolve()
+        if not (path / "task.toml").is_file():
+            raise FileNotFoundError(f"{path} is not a Harbor task: it has no task.toml")
+        task = Task(task_dir=path)
+        return cls(path, task.name, task.instruction, task.config.agent.timeout_sec)
+
+
+def trial_reward(result: TrialResult | None, reward_key: str = "reward") -> float | None:
+    """The verifier's ``reward_key`` value; None when the trial has no valid reward or it is not a finite number."""
+    if result is None or not result.reward_valid or result.verifier_result is None:
+        return None
+    value = (result.verifier_result.rewards or {}).get(reward_key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+class _TrialRun:
+    """One Harbor trial on a private event loop in its own thread; ``cancel`` works from any thread."""
+
+    def __init__(self, config: TrialConfig) -> None:
+        self.config = config
+        self.result: TrialResult | None = None
+        self.error: BaseException | None = None
+        self._loop = asyncio.new_event_loop()
+        self._task = self._loop.create_task(self._trial())
+        self._thread = threading.Thread(target=self._main, name=f"harbor-{config.trial_name}", daemon=True)
+        self._thread.start()
+
+    async def _trial(self) -> TrialResult:
+        trial = await Trial.create(self.config)
+        return await trial.run()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self.result = self._loop.run_until_complete(self._task)
+        except BaseException as exc:
+            self.error = exc
+        finally:  # as asyncio.run ends: what the trial left running (LiteLLM's logging worker) is cancelled
+            left = asyncio.all_tasks(self._loop)
+            for task in left:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            asyncio.set_event_loop(None)
+            self._loop.close()
+
+    def join(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` (None: no limit); True when the trial has ended."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def cancel(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed: nothing left to cancel
+            self._loop.call_soon_threadsafe(self._task.cancel)
+
+
+class HarborSession:
+    """One rollout: a proxy session and one Harbor trial of ``task`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        factory: HarborSessionFactory,
+        task: HarborTask,
+        context: RolloutContext,
+        *,
+        seed: int,
+        episode_id: str,
+    ) -> None:
+        self.task = task
+        self.seed = seed
+        self.episode_id = episode_id
+        self.result: TrialResult | None = None
+        self._factory = factory
+        self._run: _TrialRun | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self.lease: ProxySessionLease = context.lease(
+            {"episode_id": episode_id, "seed": seed, "task": task.name, "harness": factory.harness}
+        )
+        try:
+            assert self.lease.key is not None
+            self.config = factory.trial_config(task, context, self.lease.key, episode_id)
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def wait_for_completion(self, timeout_s: float | None = None) -> int:
+        """Run the trial to its end (blocking); the agent's exit status.
+
+        ``TimeoutError`` when the agent was stopped at its timeout (the verifier has run; ``verify`` reads it)
+        or the whole trial outlived that timeout by ``factory.trial_grace_s``; ``HarborTrialError`` when the
+        trial failed before its agent ran.
+        """
+        agent_timeout = min((t for t in (self.task.agent_timeout_s, timeout_s) if t is not None), default=None)
+        config = self.config.model_copy(deep=True)
+        config.agent.override_timeout_sec = agent_timeout
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the session is closed")
+            if self._run is not None:
+                raise RuntimeError("the trial already ran")
+            self._run = run = _TrialRun(config)
+        limit = None if agent_timeout is None else agent_timeout + self._factory.trial_grace_s
+        if not run.join(limit):
+            run.cancel()
+            run.join(self._factory.trial_grace_s)
+            raise TimeoutError(f"the trial did not end within {limit} s")
+        if run.error is not None:
+            raise HarborTrialError(f"the trial failed: {type(run.error).__name__}: {run.error}") from run.error
+        self.result = result = run.result
+        assert result is not None
+        error = result.exception_info
+        if error is not None and error.exception_type == AGENT_TIMEOUT:
+            raise TimeoutError(f"{self._factory.harness} did not finish within {agent_timeout} s")
+        if error is not None and result.agent_execution is None:
+            raise HarborTrialError(
+                f"the trial failed before its agent ran: {error.exception_type}: {error.exception_message}"
+            )
+        metadata = (result.agent_result.metadata if result.agent_result is not None else None) or {}
+        return int(metadata.get("returncode", 0 if error is None else 1))
+
+    def fetch_training_trace(self) -> TrainingTrace:
+        return self.lease.trace()
+
+    def verify(self, transcript: Any = None, final_state: Any = None) -> VerifyResult:
+        """The verifier's reward under the factory's ``reward_key`` (``trial_reward``); the trial's other finite
+        rewards as metrics."""
+        result = self.result
+        rewards = result.verifier_result.rewards if result is not None and result.verifier_result else None
+        metrics = {
+            f"verifier/{key}": float(value)
+            for key, value in (rewards or {}).items()
+            if not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+        }
+        artifacts: dict[str, Any] = {}
+        if result is not None:
+            artifacts["trial_uri"] = result.trial_uri
+            if result.exception_info is not None:
+                artifacts["exception_type"] = result.exception_info.exception_type
+        return VerifyResult(
+            env_reward=trial_reward(result, self._factory.reward_key), metrics=metrics, artifacts=artifacts
+        )
+
+    def close(self) -> None:
+        """Cancel a running trial (Harbor stops and deletes its environment), release the proxy session and
+        remove the trial's directory when the factory owns it; any thread, any number of times."""
+        with self._lock:
+            self._closed = True
+            run = self._run
+        ended = True
+        if run is not None:
+            run.cancel()
+            ended = run.join(self._factory.trial_grace_s)
+            if not ended:
+                log.warning(
+                    "trial %s did not end within %s s of its cancellation",
+                    self.config.trial_name,
+                    self._factory.trial_grace_s,
+                )
+        self.lease.release()
+        if ended and self._factory.trials_dir is None:  # the session's own temporary directory
+            shutil.rmtree(self.config.trials_dir, ignore_errors=True)
+
+
+class HarborSessionFactory(BoundSessionFactory):
+    """Creates ``HarborSession``s (module docstring).
+
+    ``harness``: a registry agent, ``terminus-2``, or any Harbor agent name or ``module:Class`` import path.
+    ``tasks``: where rows without a ``task_path`` find their task: a dataset source as
+    ``harness_grpo.harbor_tasks.load_task_dataset`` takes it (a task or a directory of tasks, ``hf://...``, a
+    Harbor dataset name), read at the first lookup, or a list of task directories. ``sandbox``: ``local``, a
+    Harbor ``EnvironmentType`` value, or an environment import path; ``environment_kwargs`` go to it.
+    ``proxy_url``: the proxy's root as the sandboxed agent reaches it (default: the bound proxy's own; required
+    for any other sandbox than ``local`` unless the agent runs on the host).
+    ``system_prompt`` and ``max_steps`` configure registry agents (``max_steps`` is terminus-2's ``max_turns``);
+    ``agent_kwargs`` are added to the agent's ``AgentConfig.kwargs``; ``agent_model_name`` is the model name of
+    an agent Harbor configures (default ``openai/<served name>``). ``max_input_tokens``/``max_output_tokens``
+    are terminus-2's ``model_info``. ``trials_dir`` keeps each trial's Harbor directory (default: a temporary
+    one per session, removed when it closes). ``trial_grace_s`` bounds what a trial may take beyond its agent's
+    timeout (environment start, verifier) and how long ``close`` waits for a cancelled trial.
+    """
+
+    def __init__(
+        self,
+        *,
+        harness: str,
+        sampling: dict[str, Any],
+        tasks: str | Path | Sequence[str | Path] | None = None,
+        sandbox: str = "local",
+        reward_key: str = "reward",
+        proxy_url: str | None = None,
+        environment_kwargs: Mapping[str, Any] | None = None,
+        system_prompt: str | None = None,
+        max_steps: int | None = None,
+        agent_kwargs: Mapping[str, Any] | None = None,
+        agent_model_name: str | None = None,
+        max_input_tokens: int = 32768,
+        max_output_tokens: int = 4096,
+        trials_dir: str | Path | None = None,
+        trial_grace_s: float = 900.0,
+    ) -> None:
+        self.harness = harness
+        self.sampling = dict(sampling)
+        self.environment = self._environment_config(sandbox, dict(environment_kwargs or {}))
+        self.sandbox = sandbox
+        self.reward_key = reward_key
+        self.proxy_url = proxy_url
+        self.system_prompt = system_prompt
+        self.max_steps = max_steps
+        self.agent_kwargs = dict(agent_kwargs or {})
+        self.agent_model_name = agent_model_name
+        self.max_input_tokens = max_input_tokens
+        self.max_output_tokens = max_output_tokens
+        self.trial_grace_s = trial_grace_s
+        self.trials_dir = None if trials_dir is None else Path(trials_dir)
+        self._tasks = tasks
+        self._by_name: dict[str, HarborTask] | None = None
+        self._by_instruction: dict[str, HarborTask] | None = None
+        self._connects = self._check_harness()
+        runs_on_the_host = harness == "terminus-2" or not self._connects
+        if sandbox != "local" and proxy_url is None and not runs_on_the_host:
+            raise ValueError(
+                f"sandbox {sandbox!r} runs {harness} on another machine, where 127.0.0.1 is not the proxy: "
+                "pass proxy_url, an address of the proxy that machine reaches"
+            )
+        self._lookup_lock = threading.Lock()
+
+    def _check_harness(self) -> bool:
+        """Whether a Harbor-configured harness takes a model connection; ``ValueError`` for an unknown one."""
+        known = (*REGISTRY, "terminus-2")
+        if self.harness in known:
+            return True
+        if ":" not in self.harness and self.harness not in AgentName.values():
+            raise ValueError(
+                f"unknown harness {self.harness!r}: choose from {', '.join(known)}, "
+                "a Harbor agent name, or a module:Class import path"
+            )
+        by_path = ":" in self.harness
+        config = AgentConfig(name=None if by_path else self.harness, import_path=self.harness if by_path else None)
+        return AgentFactory.get_agent_class_from_config(config).MODEL_CONNECTION is not None
+
+    @staticmethod
+    def _environment_config(sandbox: str, kwargs: dict[str, Any]) -> EnvironmentConfig:
+        if sandbox == "local":
+            return EnvironmentConfig(import_path=LOCAL_ENVIRONMENT, kwargs=kwargs)
+        if ":" in sandbox:
+            return EnvironmentConfig(import_path=sandbox, kwargs=kwargs)
+        if sandbox not in {kind.value for kind in EnvironmentType}:
+            raise ValueError(
+                f"unknown sandbox {sandbox!r}: choose local, a Harbor environment type "
+                f"({', '.join(kind.value for kind in EnvironmentType)}) or a module:Class import path"
+            )
+        return EnvironmentConfig(type=EnvironmentType(sandbox), kwargs=kwargs)
+
+    def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> HarborSession:
+        """A session on the row's task, its proxy session leased; the trial runs in ``wait_for_completion``."""
+        return HarborSession(self, self.task_for(row), self.bound_context(), seed=seed, episode_id=episode_id)
+
+    def task_for(self, row: Mapping[str, Any]) -> HarborTask:
+        """The row's task: its ``task_path``, else its ``task_name`` or instruction text among ``tasks``."""
+        if row.get("task_path"):
+            return HarborTask.load(row["task_path"])
+        if self._tasks is None:
+            raise ValueError("the row has no task_path and the factory was given no tasks to look it up in")
+        with self._lookup_lock:  # rollouts start from several threads; the tasks are read (or downloaded) once
+            if self._by_name is None or self._by_instruction is None:
+                if isinstance(self._tasks, str | Path):
+                    paths = resolve_task_dirs(self._tasks)
+                else:
+                    paths = [Path(path) for path in self._tasks]
+                loaded = [HarborTask.load(path) for path in paths]
+                self._by_name = {task.name: task for task in loaded}
+                self._by_instruction = {task.instruction.strip(): task for task in loaded}
+        name = row.get("task_name")
+        if name:
+            if name not in self._by_name:
+                raise ValueError(f"no task named {name!r} among {len(self._by_name)} tasks")
+            return self._by_name[name]
+        instruction = instruction_of(row.get("prompt")).strip()
+        if instruction not in self._by_instruction:
+            raise ValueError(f"no task has the instruction {instruction[:80]!r}")
+        return self._by_instruction[instruction]
+
+    def trial_config(self, task: HarborTask, context: RolloutContext, api_key: str, episode_id: str) -> TrialConfig:
+        """The Harbor trial of ``task`` whose agent talks to the proxy under ``api_key``."""
+        environment = self.environment.model_copy(deep=True)
+        if self.sandbox == "local":
+            port = urlsplit(context.proxy.base_url).port
+            environment.kwargs = {"allow_ports": [port], **environment.kwargs}
+        return TrialConfig(
+            task=TaskConfig(path=task.path),
+            trial_name=f"{task.name[:32]}__{episode_id[:12]}",
+            trials_dir=self.trials_dir or Path(tempfile.mkdtemp(prefix="harbor-trial-")),
+            agent=self.agent_config(context, api_key),
+            environment=environment,
+        )
+
+    def agent_config(self, context: RolloutContext, api_key: str) -> AgentConfig:
+        """The agent of one trial, wired to the proxy (module docstring)."""
+        proxy_url = (self.proxy_url or context.proxy.base_url).rstrip("/")
+        env = {API_KEY_ENV: api_key}
+        if self.harness in REGISTRY:
+            kwargs = {"agent": self.harness, "proxy_url": proxy_url, "system_prompt": self.system_prompt}
+            if self.max_steps is not None:
+                kwargs["max_steps"] = self.max_steps
+            return AgentConfig(
+                import_path=REGISTRY_AGENT,
+                model_name=context.model_name,
+                kwargs={**kwargs, **self.agent_kwargs},
+                env=env,
+            )
+        if self.harness == "terminus-2":  # runs on the host: the proxy's own address
+            kwargs = terminus2_kwargs(
+                context.proxy.base_url,
+                max_input_tokens=self.max_input_tokens,
+                max_output_tokens=self.max_output_tokens,
+            )
+            if self.max_steps is not None:
+                kwargs["max_turns"] = self.max_steps
+            return AgentConfig(
+                import_path=TERMINUS_2,
+                model_name=f"hosted_vllm/{context.model_name.replace('/', '_')}",  # LiteLLM allows one '/'
+                model_api_key_name=API_KEY_ENV,
+                kwargs={**kwargs, **self.agent_kwargs},
+                env=env,
+            )
+        by_path = ":" in self.harness
+        connection: dict[str, Any] = {}
+        if self._connects:  # agents without a model (oracle, nop) refuse a connection
+            connection = {"base_url": f"{proxy_url}/v1", "model_api_key_name": API_KEY_ENV, "env": env}
+        return AgentConfig(
+            name=None if by_path else self.harness,
+            import_path=self.harness if by_path else None,
+            model_name=self.agent_model_name or f"openai/{context.model_name}",
+            kwargs=dict(self.agent_kwargs),
+            **connection,
+        )
