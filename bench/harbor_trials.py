@@ -1,4 +1,4 @@
-"""Harbor trials per minute: rollouts of ``HarborSessionFactory`` in the local sandbox, ``--concurrency`` at a time.
+"""Harbor trials per minute: ``HarborTrialSessionFactory`` rollouts in the local sandbox, ``--concurrency`` at a time.
 
 For each harness, ``--trials`` rollouts (``harness_grpo.rollouts.run_rollout``, as the trainer runs them) of the
 example tasks (``examples/tasks``, in turn) against the capture proxy and the embedded engine serving the
@@ -20,7 +20,7 @@ from pathlib import Path
 from harness_grpo.agents import SMALL_MODEL_PROMPT
 from harness_grpo.engine.embedded import TINY_WARM, EmbeddedEngine, resolve_model
 from harness_grpo.engine.server import EngineServer
-from harness_grpo.harbor_sessions import HarborSessionFactory
+from harness_grpo.harbor_sessions import HarborTrialSessionFactory
 from harness_grpo.harbor_tasks import load_task_dataset
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.rollout_context import ProxyEndpoint, RolloutContext
@@ -33,7 +33,7 @@ SAMPLING = {"temperature": 0.7}
 
 
 def run_harness(proxy: ProxyEndpoint, harness: str, rows: list, trials: int, concurrency: int, max_calls: int) -> None:
-    factory = HarborSessionFactory(harness=harness, sampling=SAMPLING, system_prompt=SMALL_MODEL_PROMPT)
+    factory = HarborTrialSessionFactory(harness=harness, sampling=SAMPLING, system_prompt=SMALL_MODEL_PROMPT)
     factory.bind_rollout(
         RolloutContext(proxy, sampling=SAMPLING, max_model_calls=max_calls, max_output_tokens=128, model_name="m")
     )

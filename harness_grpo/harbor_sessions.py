@@ -1,6 +1,6 @@
 """Harbor sessions: one rollout is one proxy session plus one Harbor trial of one task.
 
-``HarborSessionFactory`` is a ``TrainerBoundSessionFactory``: the trainer builds it with ``sampling`` and binds
+``HarborTrialSessionFactory`` is a ``TrainerBoundSessionFactory``: the trainer builds it with ``sampling`` and binds
 its proxy (``bind_rollout``); per rollout, ``create_from_row(row, ...)`` maps the dataset row to its task (the
 row's ``task_path``, else its ``task_name``, else its instruction text, looked up in ``tasks``) and leases a
 proxy session whose key becomes the agent's API key. ``HarborSession.wait_for_completion(timeout_s)`` runs
@@ -158,7 +158,7 @@ class HarborSession:
 
     def __init__(
         self,
-        factory: HarborSessionFactory,
+        factory: HarborTrialSessionFactory,
         task: HarborTask,
         context: RolloutContext,
         *,
@@ -261,7 +261,7 @@ class HarborSession:
             shutil.rmtree(self.config.trials_dir, ignore_errors=True)
 
 
-class HarborSessionFactory(BoundSessionFactory):
+class HarborTrialSessionFactory(BoundSessionFactory):
     """Creates ``HarborSession``s (module docstring).
 
     ``harness``: a registry agent, ``terminus-2``, or any Harbor agent name or ``module:Class`` import path.

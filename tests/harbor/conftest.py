@@ -3,7 +3,7 @@
 ``agent_stack`` (the fake engine unless ``HARNESS_AGENT_ENGINE`` says otherwise) and ``warm_tiny_stack`` (the
 embedded engine serving the warm-started tiny model) are the agent CLI tests' stacks: engine <- recording
 relay <- capture proxy, so a test can compare a session's trace with what the engine served. ``make_task``
-writes a Harbor task (the local sandbox tests' helper); ``bound_factory`` builds a ``HarborSessionFactory``
+writes a Harbor task (the local sandbox tests' helper); ``bound_factory`` builds a ``HarborTrialSessionFactory``
 bound to a stack's proxy as the trainer binds it.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness_grpo.harbor_local import check_prerequisites
-from harness_grpo.harbor_sessions import HarborSessionFactory
+from harness_grpo.harbor_sessions import HarborTrialSessionFactory
 from harness_grpo.rollout_context import ProxyEndpoint, RolloutContext
 from tests.agents.conftest import AgentStack, agent_engine, agent_stack, warm_tiny_stack
 from tests.sandbox.conftest import make_task
@@ -32,10 +32,10 @@ def bound_factory(
     max_model_calls: int | None = None,
     max_output_tokens: int | None = None,
     **kwargs: Any,
-) -> HarborSessionFactory:
-    """A ``HarborSessionFactory`` built with ``sampling`` and bound to ``stack``'s proxy with these budgets."""
+) -> HarborTrialSessionFactory:
+    """A ``HarborTrialSessionFactory`` built with ``sampling`` and bound to ``stack``'s proxy with these budgets."""
     sampling = dict(sampling or {})
-    factory = HarborSessionFactory(sampling=sampling, **kwargs)
+    factory = HarborTrialSessionFactory(sampling=sampling, **kwargs)
     factory.bind_rollout(
         RolloutContext(
             ProxyEndpoint(stack.url, stack.proxy.admin_key),

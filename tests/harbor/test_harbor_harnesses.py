@@ -2,7 +2,7 @@
 
 For opencode, claude-code, codex, mini-swe-agent (the host-installed CLIs, run inside the sandbox) and
 terminus-2 (Harbor's own loop on the host, its shell in the sandbox's tmux), one session of
-``HarborSessionFactory``: the trace holds exactly the calls the engine served for the session (ids, logprobs,
+``HarborTrialSessionFactory``: the trace holds exactly the calls the engine served for the session (ids, logprobs,
 loss masks; the recording relay in front of the engine is the ground truth) and the reward is the one the
 task's verifier wrote. An agent stopped at its timeout keeps its captured turns and its verifier reward
 (``timed_out``), and a session closed from another thread mid-trial leaves no process of its trial running
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness_grpo.agents import AGENTS, SMALL_MODEL_PROMPT, agent_binary
-from harness_grpo.harbor_sessions import HarborSession, HarborSessionFactory, HarborTrialError
+from harness_grpo.harbor_sessions import HarborSession, HarborTrialError, HarborTrialSessionFactory
 from harness_grpo.rollouts import run_rollout
 from proxy.trace import TrainingTrace
 from tests.agents.conftest import AgentStack, ServedCall
@@ -39,7 +39,9 @@ HARNESSES = [
 ] + ["terminus-2"]
 
 
-def _factory(stack: AgentStack, tmp_path: Path, harness: str, max_model_calls: int, **kwargs) -> HarborSessionFactory:
+def _factory(
+    stack: AgentStack, tmp_path: Path, harness: str, max_model_calls: int, **kwargs
+) -> HarborTrialSessionFactory:
     return bound_factory(
         stack,
         harness=harness,
@@ -53,7 +55,7 @@ def _factory(stack: AgentStack, tmp_path: Path, harness: str, max_model_calls: i
     )
 
 
-def _session(factory: HarborSessionFactory, tmp_path: Path, agent_timeout_s: float = 120.0) -> HarborSession:
+def _session(factory: HarborTrialSessionFactory, tmp_path: Path, agent_timeout_s: float = 120.0) -> HarborSession:
     task = make_task(tmp_path, "answer", test=VERIFIER, agent_timeout_s=agent_timeout_s)
     return factory.create_from_row({"prompt": "x", "task_path": str(task)}, seed=0, episode_id=f"{factory.harness}-t")
 

@@ -16,7 +16,7 @@ import pytest
 
 from harness_grpo.agents import REGISTRY, AgentCommand, AgentLaunch, AgentSpec, Install
 from harness_grpo.agents.spec import BIN_DIRS
-from harness_grpo.harbor_sessions import HarborSession, HarborSessionFactory, HarborTrialError
+from harness_grpo.harbor_sessions import HarborSession, HarborTrialError, HarborTrialSessionFactory
 from harness_grpo.rollouts import run_rollout
 from tests.agents.conftest import AgentStack
 from tests.harbor.conftest import AGENT_MODEL, bound_factory, make_task
@@ -111,7 +111,7 @@ def test_rows_find_their_task_by_path_name_or_instruction(tmp_path: Path) -> Non
     first = make_task(tmp_path, "first")
     second = make_task(tmp_path, "second")
     (second / "instruction.md").write_text("Write 43 into /app/answer.txt.\n")
-    factory = HarborSessionFactory(harness="oracle", sampling={}, tasks=tmp_path)
+    factory = HarborTrialSessionFactory(harness="oracle", sampling={}, tasks=tmp_path)
     assert factory.task_for({"task_path": str(second)}).path == second.resolve()
     assert factory.task_for({"task_name": "first"}).path == first.resolve()
     prompt = [{"role": "user", "content": "Write 43 into /app/answer.txt.\n"}]
@@ -121,18 +121,18 @@ def test_rows_find_their_task_by_path_name_or_instruction(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="no task named 'third' among 2 tasks"):
         factory.task_for({"task_name": "third"})
     with pytest.raises(ValueError, match="no task_path and the factory was given no tasks"):
-        HarborSessionFactory(harness="oracle", sampling={}).task_for({"prompt": "x"})
+        HarborTrialSessionFactory(harness="oracle", sampling={}).task_for({"prompt": "x"})
 
 
 def test_a_factory_it_cannot_run_is_refused_saying_why() -> None:
     with pytest.raises(ValueError, match=r"unknown harness 'nope': choose from opencode, codex, .*terminus-2"):
-        HarborSessionFactory(harness="nope", sampling={})
+        HarborTrialSessionFactory(harness="nope", sampling={})
     with pytest.raises(ValueError, match=r"unknown sandbox 'cloud': choose local, a Harbor environment type \(docker"):
-        HarborSessionFactory(harness="opencode", sampling={}, sandbox="cloud")
+        HarborTrialSessionFactory(harness="opencode", sampling={}, sandbox="cloud")
     with pytest.raises(ValueError, match=r"sandbox 'e2b' runs opencode on another machine.*pass proxy_url"):
-        HarborSessionFactory(harness="opencode", sampling={}, sandbox="e2b")
-    HarborSessionFactory(harness="opencode", sampling={}, sandbox="e2b", proxy_url="https://proxy.example")
-    HarborSessionFactory(harness="terminus-2", sampling={}, sandbox="e2b")  # runs on the host, next to the proxy
+        HarborTrialSessionFactory(harness="opencode", sampling={}, sandbox="e2b")
+    HarborTrialSessionFactory(harness="opencode", sampling={}, sandbox="e2b", proxy_url="https://proxy.example")
+    HarborTrialSessionFactory(harness="terminus-2", sampling={}, sandbox="e2b")  # runs on the host, next to the proxy
 
 
 def _configure_nothing(launch: AgentLaunch) -> AgentCommand:

@@ -1,6 +1,6 @@
 """The trainer takes steps on Harbor sessions: each rollout a real opencode trial in the local sandbox.
 
-``HarnessAsyncGRPOTrainer`` builds ``HarborSessionFactory`` with its sampling policy, binds its own proxy and
+``HarnessAsyncGRPOTrainer`` builds ``HarborTrialSessionFactory`` with its sampling policy, binds its own proxy and
 embedded engine (the warm-started tiny model) and runs two steps on two example tasks, each rollout one Harbor
 trial whose verifier gives the reward.
 """
@@ -14,7 +14,7 @@ import pytest
 
 from harness_grpo.agents import SMALL_MODEL_PROMPT, agent_binary
 from harness_grpo.config import HarnessGRPOConfig
-from harness_grpo.harbor_sessions import HarborSessionFactory
+from harness_grpo.harbor_sessions import HarborTrialSessionFactory
 from harness_grpo.harbor_tasks import load_task_dataset
 from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer
@@ -39,7 +39,7 @@ def test_the_trainer_steps_on_harbor_trials(tmp_path: Path) -> None:
         save_strategy="no",
         report_to=[],
     )
-    factory = functools.partial(HarborSessionFactory, harness="opencode", system_prompt=SMALL_MODEL_PROMPT)
+    factory = functools.partial(HarborTrialSessionFactory, harness="opencode", system_prompt=SMALL_MODEL_PROMPT)
     dataset = load_task_dataset(REPO / "examples" / "tasks").select(range(2))
     trainer = HarnessAsyncGRPOTrainer(str(warm_tiny_model_path()), factory, args, dataset)
     trainer.train()
