@@ -36,7 +36,7 @@ thread, more than once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import importlib.util
 import logging
 import math
 import os
@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from harness_grpo.agents import REGISTRY
+from harness_grpo.agents import REGISTRY, agent_binary
 from harness_grpo.rollout_context import BoundSessionFactory, ProxySessionLease, RolloutContext
+from harness_grpo.service_loop import ServiceLoop
 from harness_grpo.session_protocol import VerifyResult, instruction_of
 from proxy.trace import TrainingTrace
 
@@ -59,6 +60,7 @@ os.environ["HARBOR_TELEMETRY"] = "0"
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from harbor.agents.factory import AgentFactory
+from harbor.environments.factory import EnvironmentFactory
 from harbor.models.agent.name import AgentName
 from harbor.models.environment_type import EnvironmentType
 from harbor.models.task.task import Task
@@ -74,8 +76,49 @@ log = logging.getLogger(__name__)
 LOCAL_ENVIRONMENT = "harness_grpo.harbor_local:LocalEnvironment"
 REGISTRY_AGENT = "harness_grpo.harbor_agents:RegistryAgent"
 TERMINUS_2 = "harness_grpo.harbor_agents:ProxyTerminus2"
+CLOUD_CLIENTS = {"e2b": "e2b", "modal": "modal", "daytona": "daytona"}
+"""The Python client each cloud sandbox needs, imported by Harbor only when a trial starts (its extras)."""
 AGENT_TIMEOUT = "AgentTimeoutError"
 """Harbor's exception type for an agent stopped at its timeout (``harbor.trial.errors``)."""
+
+
+def missing_prerequisites(harness: str, sandbox: str) -> list[str]:
+    """What this machine lacks to run ``harness`` in ``sandbox``: one message per missing piece, saying how to get
+    it (empty: ready). Checked before a run loads anything: the agent CLI installed on the host, tmux for
+    terminus-2 in the local sandbox, and the sandbox's own preflight (Harbor's: credentials such as
+    ``E2B_API_KEY``, a running Docker daemon; the local sandbox's: root, namespaces, util-linux)."""
+    problems = []
+    if harness in REGISTRY and agent_binary(harness) is None:
+        problems.append(f"{harness} is not installed on this host: run `bash launchers/install_agents.sh`")
+    if harness == "terminus-2" and sandbox == "local" and shutil.which("tmux") is None:
+        problems.append(
+            "terminus-2 drives a tmux session in the sandbox, and the local sandbox has the host's: install tmux"
+        )
+    try:
+        if sandbox == "local":
+            EnvironmentFactory.run_preflight(type=None, import_path=LOCAL_ENVIRONMENT)
+        elif ":" in sandbox:
+            try:
+                EnvironmentFactory.run_preflight(type=None, import_path=sandbox)
+            except (ImportError, AttributeError, ValueError) as error:
+                raise RuntimeError(f"cannot import it ({error})") from error
+        elif sandbox not in {kind.value for kind in EnvironmentType}:
+            problems.append(
+                f"unknown sandbox {sandbox!r}: choose local, a Harbor environment type "
+                f"({', '.join(kind.value for kind in EnvironmentType)}) or a module:Class import path"
+            )
+        else:
+            EnvironmentFactory.run_preflight(type=EnvironmentType(sandbox))
+            client = CLOUD_CLIENTS.get(sandbox)
+            if client is not None and importlib.util.find_spec(client) is None:
+                problems.append(
+                    f"sandbox {sandbox!r} needs its client package {client!r}: pip install 'harbor[{sandbox}]==0.25.0'"
+                )
+    except ImportError as error:
+        problems.append(f"sandbox {sandbox!r} needs a package that is not installed: {error}")
+    except (SystemExit, RuntimeError) as error:
+        problems.append(f"sandbox {sandbox!r}: {error}")
+    return problems
 
 
 class HarborTrialError(RuntimeError):
@@ -111,46 +154,59 @@ def trial_reward(result: TrialResult | None, reward_key: str = "reward") -> floa
     return float(value)
 
 
+_TRIAL_LOOP: ServiceLoop | None = None
+_TRIAL_LOOP_LOCK = threading.Lock()
+
+
+def _trial_loop() -> ServiceLoop:
+    """The one event loop every Harbor trial of this process runs on (created at the first trial, a daemon).
+
+    One loop, not one per trial: LiteLLM (terminus-2's client) keeps process-wide asyncio state (its logging
+    worker's queue) bound to the loop that first used it, and breaks on any other loop.
+    """
+    global _TRIAL_LOOP
+    with _TRIAL_LOOP_LOCK:
+        if _TRIAL_LOOP is None:
+            _TRIAL_LOOP = ServiceLoop("harbor-trials")
+        return _TRIAL_LOOP
+
+
 class _TrialRun:
-    """One Harbor trial on a private event loop in its own thread; ``cancel`` works from any thread."""
+    """One Harbor trial, a task on the trials' shared loop (``_trial_loop``); ``cancel`` works from any thread and
+    ``join`` returns once the task has really ended (Harbor's clean-up after a cancel included)."""
 
     def __init__(self, config: TrialConfig) -> None:
         self.config = config
         self.result: TrialResult | None = None
         self.error: BaseException | None = None
-        self._loop = asyncio.new_event_loop()
-        self._task = self._loop.create_task(self._trial())
-        self._thread = threading.Thread(target=self._main, name=f"harbor-{config.trial_name}", daemon=True)
-        self._thread.start()
+        self._ended = threading.Event()
+        self._loop = _trial_loop()
+        self._task: asyncio.Task = self._loop.run(self._start())
+
+    async def _start(self) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(self._trial())
+        task.add_done_callback(self._finished)
+        return task
 
     async def _trial(self) -> TrialResult:
         trial = await Trial.create(self.config)
         return await trial.run()
 
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self.result = self._loop.run_until_complete(self._task)
-        except BaseException as exc:
-            self.error = exc
-        finally:  # as asyncio.run ends: what the trial left running (LiteLLM's logging worker) is cancelled
-            left = asyncio.all_tasks(self._loop)
-            for task in left:
-                task.cancel()
-            self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-            self._loop.run_until_complete(self._loop.shutdown_default_executor())
-            asyncio.set_event_loop(None)
-            self._loop.close()
+    def _finished(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            self.error = asyncio.CancelledError()
+        elif task.exception() is not None:
+            self.error = task.exception()
+        else:
+            self.result = task.result()
+        self._ended.set()
 
     def join(self, timeout_s: float | None) -> bool:
-        """Wait up to ``timeout_s`` (None: no limit); True when the trial has ended."""
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        """Wait up to ``timeout_s`` (None: no limit); True when the trial has ended (``result`` or ``error`` set)."""
+        return self._ended.wait(timeout_s)
 
     def cancel(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop already closed: nothing left to cancel
-            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._loop.loop.call_soon_threadsafe(self._task.cancel)
 
 
 class HarborSession:
@@ -271,12 +327,13 @@ class HarborTrialSessionFactory(BoundSessionFactory):
     Harbor ``EnvironmentType`` value, or an environment import path; ``environment_kwargs`` go to it.
     ``proxy_url``: the proxy's root as the sandboxed agent reaches it (default: the bound proxy's own; required
     for any other sandbox than ``local`` unless the agent runs on the host).
-    ``system_prompt`` and ``max_steps`` configure registry agents (``max_steps`` is terminus-2's ``max_turns``);
-    ``agent_kwargs`` are added to the agent's ``AgentConfig.kwargs``; ``agent_model_name`` is the model name of
-    an agent Harbor configures (default ``openai/<served name>``). ``max_input_tokens``/``max_output_tokens``
-    are terminus-2's ``model_info``. ``trials_dir`` keeps each trial's Harbor directory (default: a temporary
-    one per session, removed when it closes). ``trial_grace_s`` bounds what a trial may take beyond its agent's
-    timeout (environment start, verifier) and how long ``close`` waits for a cancelled trial.
+    ``system_prompt`` and ``max_steps`` configure registry agents (``max_steps`` is terminus-2's
+    ``max_turns``, default the proxy's call budget); ``agent_kwargs`` are added to the agent's
+    ``AgentConfig.kwargs``; ``agent_model_name`` is the model name of an agent Harbor configures (default
+    ``openai/<served name>``). ``max_input_tokens``/``max_output_tokens`` are terminus-2's ``model_info``.
+    ``trials_dir`` keeps each trial's Harbor directory (default: a temporary one per session, removed when it
+    closes). ``trial_grace_s`` bounds what a trial may take beyond its agent's timeout (environment start,
+    verifier) and how long ``close`` waits for a cancelled trial.
     """
 
     def __init__(
@@ -414,8 +471,11 @@ class HarborTrialSessionFactory(BoundSessionFactory):
                 max_input_tokens=self.max_input_tokens,
                 max_output_tokens=self.max_output_tokens,
             )
-            if self.max_steps is not None:
-                kwargs["max_turns"] = self.max_steps
+            # Past its session's call budget the proxy answers every call itself, and terminus-2 would loop on
+            # those answers until its timeout: its turns end with the budget unless max_steps says otherwise.
+            max_turns = self.max_steps if self.max_steps is not None else context.max_model_calls
+            if max_turns is not None:
+                kwargs["max_turns"] = max_turns
             return AgentConfig(
                 import_path=TERMINUS_2,
                 model_name=f"hosted_vllm/{context.model_name.replace('/', '_')}",  # LiteLLM allows one '/'
