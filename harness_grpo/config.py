@@ -144,6 +144,13 @@ class HarnessGRPOConfig(TrainingArguments):
     log_completions: bool = field(
         default=False, metadata={"help": "Print one rollout per step: verifier reward, tool calls, last completion."}
     )
+    save_rollouts: bool = field(
+        default=False,
+        metadata={
+            "help": "Append every trained rollout (task, policy version, reward, its TrainingTrace) to "
+            "output_dir/rollouts.jsonl (harness_grpo.rollout_log)."
+        },
+    )
 
     def __post_init__(self) -> None:
         # Without a GPU, TrainingArguments sets up accelerate's process state as a single process

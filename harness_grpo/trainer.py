@@ -68,6 +68,7 @@ from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logpro
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
 from harness_grpo.rollout_context import RolloutContext
+from harness_grpo.rollout_log import ROLLOUT_LOG, append_rollouts
 from harness_grpo.rollout_metrics import outcome_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
@@ -371,6 +372,9 @@ class HarnessAsyncGRPOTrainer:
             )
             self.state.dropped_groups = self._dropped_before + producer.dropped_stale
             rows, metrics = self._rows_and_metrics(groups)
+            if args.save_rollouts:
+                rewards = [[self._reward(o) for o in g.outcomes] for g in groups]
+                append_rollouts(Path(args.output_dir) / ROLLOUT_LOG, self.state.global_step + 1, groups, rewards)
             if args.log_completions:
                 self._print_sample(groups)
             shared = (rows, metrics, max(g.row_index for g in groups) + 1, self.state.dropped_groups)

@@ -23,13 +23,21 @@ vLLM server started separately (``bench/vllm_weight_sync_gpu.py`` shows its flag
         --fsdp_state_dict_type FULL_STATE_DICT --mixed_precision bf16 \
         launchers/train.py --model Qwen/Qwen3-0.6B --vllm_server_base_url http://127.0.0.1:8000
 
-``--harness`` names the loop-owning agent: ``tool-agent`` (above), or a coding-agent CLI installed
-by ``launchers/install_agents.sh`` (``opencode``, ``codex``, ``claude-code``, ``mini-swe-agent``),
-each rollout one CLI process on ``examples/shell_chores.py`` (create a file holding a word; the
-verifier reads the working directory). With the tiny model the CLI is configured as for any small
-model (``SMALL_MODEL_PROMPT``: a short system prompt, its shell tool only)::
+``--harness`` names the loop-owning agent: ``tool-agent`` (above), or a Harbor harness: a coding-agent
+CLI installed by ``launchers/install_agents.sh`` (``opencode``, ``codex``, ``claude-code``,
+``mini-swe-agent``), Harbor's ``terminus-2``, or any Harbor agent name or ``module:Class`` import path.
+Each rollout of a Harbor harness is one Harbor trial (``harness_grpo.harbor_sessions``) of a task from
+``--dataset`` (default ``examples/tasks``; also a Harbor registry dataset or ``hf://owner/name``) in
+``--sandbox`` (default ``local``: isolated on this machine, no Docker; or docker, e2b, modal, daytona
+with ``--proxy_url``), scored by the task's verifier. With the tiny model the CLI is configured as for
+any small model (``SMALL_MODEL_PROMPT``: a short system prompt, its shell tool only)::
 
     .venv/bin/python launchers/train.py --harness opencode --max_steps 10
+    .venv/bin/python launchers/train.py --config run.yaml   # any flags above as YAML keys
+
+Before anything loads, a missing prerequisite (the agent CLI, the sandbox's tools or credentials, a
+dataset that names no task) ends the run with exit status 2 and one line each saying what to do.
+``--save_rollouts true`` appends every trained rollout and its trace to ``output_dir/rollouts.jsonl``.
 """
 
 from __future__ import annotations
@@ -47,15 +55,19 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 from transformers import HfArgumentParser  # noqa: E402
 
-from examples import shell_chores, submit_task  # noqa: E402
+from examples import submit_task  # noqa: E402
 from examples.rewards import correctness_with_efficiency  # noqa: E402
-from harness_grpo.agent_sessions import CLIAgentSessionFactory, LocalAgentSessionFactory  # noqa: E402
+from harness_grpo.agent_sessions import LocalAgentSessionFactory  # noqa: E402
 from harness_grpo.agents import AGENTS, SMALL_MODEL_PROMPT  # noqa: E402
 from harness_grpo.checkpoints import latest_checkpoint  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
+from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
+from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
-HARNESSES = ("tool-agent", *AGENTS)
+HARNESSES = ("tool-agent", *AGENTS, "terminus-2")
+"""The named harnesses; any other Harbor agent name or ``module:Class`` import path is a Harbor harness too."""
+TASKS = REPO / "examples" / "tasks"
 
 CPU_DEFAULTS = {
     "output_dir": str(REPO / "runs" / "train-tiny"),
@@ -92,12 +104,34 @@ CLI_DEFAULTS = {
 class LaunchArgs:
     """What to train and on which harness (the trainer's own settings are ``HarnessGRPOConfig``'s)."""
 
-    harness: str = field(default="tool-agent", metadata={"help": f"The agent harness: {', '.join(HARNESSES)}."})
+    harness: str = field(
+        default="tool-agent",
+        metadata={"help": f"The agent harness: {', '.join(HARNESSES)}, or a Harbor agent name or module:Class."},
+    )
+    sandbox: str = field(
+        default="local",
+        metadata={
+            "help": "Where each Harbor trial runs: local (isolated on this machine), docker, e2b, modal, daytona "
+            "(any Harbor environment type) or a module:Class import path."
+        },
+    )
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Harbor tasks: a directory of tasks or one task, a Harbor registry dataset (name[@version]) or "
+            "hf://owner/name; default examples/tasks. (tool-agent has its own built-in task.)"
+        },
+    )
+    reward_key: str = field(default="reward", metadata={"help": "The verifier's reward.json key used as reward."})
+    proxy_url: str | None = field(
+        default=None,
+        metadata={"help": "The capture proxy as a remote sandbox reaches it (required for all but local)."},
+    )
     model: str | None = field(
         default=None,
         metadata={
             "help": "Hub id or path of the policy; default: tool-agent: the tiny model after the task SFT; "
-            "a CLI: the warm-started tiny model (with SMALL_MODEL_PROMPT)."
+            "a Harbor harness: the warm-started tiny model (with SMALL_MODEL_PROMPT)."
         },
     )
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
@@ -137,12 +171,13 @@ def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]
         except ValueError as error:
             parser.error(str(error))
     harness = from_file.get("harness", known.harness)
-    if harness in AGENTS:
-        parser.set_defaults(**CLI_DEFAULTS, output_dir=str(REPO / "runs" / f"train-{harness}"))
+    if harness != "tool-agent":
+        name = harness.rpartition(":")[2].lower()
+        parser.set_defaults(**CLI_DEFAULTS, output_dir=str(REPO / "runs" / f"train-{name}"))
     parser.set_defaults(**from_file)
     launch, config, _ = parser.parse_args_into_dataclasses(args=argv)
-    if launch.harness not in HARNESSES:
-        parser.error(f"--harness {launch.harness!r} is not wired in this launcher; choose from {HARNESSES}")
+    if launch.harness == "tool-agent" and launch.dataset is not None:
+        parser.error("--dataset is for Harbor harnesses; tool-agent trains on its built-in task")
     return launch, config
 
 
@@ -157,13 +192,25 @@ def main(argv: list[str] | None = None) -> int:
         )
         model, dataset = launch.model or str(submit_task.task_model_path()), submit_task.dataset()
     else:
-        model, dataset = launch.model or "tiny-warm", shell_chores.dataset()
-        factory = functools.partial(
-            CLIAgentSessionFactory,
-            agent=launch.harness,
-            verifier=shell_chores.verifier,
-            system_prompt=SMALL_MODEL_PROMPT if launch.model is None else None,
-        )
+        problems = missing_prerequisites(launch.harness, launch.sandbox)
+        if problems:
+            print("cannot start:\n" + "\n".join(f"- {problem}" for problem in problems), file=sys.stderr)
+            return 2
+        try:
+            dataset = load_task_dataset(launch.dataset or TASKS)
+            factory = functools.partial(
+                HarborTrialSessionFactory,
+                harness=launch.harness,
+                sandbox=launch.sandbox,
+                reward_key=launch.reward_key,
+                proxy_url=launch.proxy_url,
+                system_prompt=SMALL_MODEL_PROMPT if launch.model is None else None,
+            )
+            factory(sampling={})  # the harness and sandbox are checked here, before the model loads
+        except (TaskDatasetError, ValueError) as error:
+            print(f"cannot start: {error}", file=sys.stderr)
+            return 2
+        model = launch.model or "tiny-warm"
     trainer = HarnessAsyncGRPOTrainer(model, factory, args, dataset, rollout_reward_fn=correctness_with_efficiency)
     resume = latest_checkpoint(args.output_dir) if launch.resume else None
     if launch.resume and resume is None:

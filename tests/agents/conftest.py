@@ -166,12 +166,14 @@ class ServedCall:
 
 class RecordingRelay:
     """A transparent reverse proxy in front of the engine that records every chat completion it served, from
-    messages or from the proxy's bridged ``tokens`` (a streamed one as the reply it adds up to)."""
+    messages or from the proxy's bridged ``tokens`` (a streamed one as the reply it adds up to), and when each
+    weight update landed among them."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.served: list[ServedCall] = []
         self.failed: list[tuple[int, bytes]] = []
+        self.weight_updates: list[int] = []  # len(served) when each POST /update_weights succeeded
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
 
@@ -206,6 +208,8 @@ class RecordingRelay:
                 self.served.append(ServedCall(orjson.loads(body), response))
             else:
                 self.failed.append((status, data[:2000]))
+        elif request.method == "POST" and request.path == "/update_weights" and status == 200:
+            self.weight_updates.append(len(self.served))
         return web.Response(body=data, status=status, content_type=content_type)
 
 
