@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import http.server
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
-from harness_grpo.harbor_local import LocalEnvironment
+from harness_grpo.harbor_local import LocalEnvironment, agents_dir
 from tests.sandbox.conftest import make_task, run_trial
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +78,10 @@ def test_two_concurrent_sandboxes_see_only_their_own_files_and_none_of_the_hosts
     seen = asyncio.run(scenario())
     assert seen["right_app"] == (0, "data.txt\n")
     assert seen["right_reads_left"][0] != 0 and "No such file" in seen["right_reads_left"][1]
-    assert seen["right_tmp"] == (0, "")
+    # Only the host's read-only paths that live under /tmp (a checkout there: its .venv) show in a fresh /tmp.
+    exposed = {sys.prefix, sys.base_prefix, str(agents_dir())}
+    host_dirs_in_tmp = sorted({Path(p).parts[2] for p in exposed if Path(p).is_relative_to("/tmp")})
+    assert seen["right_tmp"][0] == 0 and seen["right_tmp"][1].split() == host_dirs_in_tmp, seen["right_tmp"]
     assert seen["left_data"] == (0, "left\n")
     assert seen["host_marker"][0] != 0
     assert seen["repo"][0] != 0
