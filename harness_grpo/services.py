@@ -28,6 +28,10 @@ from harness_grpo.weight_transports import WeightSync, weight_sync_for
 from proxy.server import CaptureProxy, ProxyConfig
 
 
+class EngineNotTokenExact(RuntimeError):
+    """The engine does not return what training needs: exact token ids and processed logprobs."""
+
+
 @dataclass
 class TrainerServices:
     """What ``start`` started (None: not started here); see the module docstring."""
@@ -87,6 +91,14 @@ class TrainerServices:
             self.proxy = CaptureProxy(ProxyConfig(engine_url=url, journal_dir=journal, port=0))
             port = self.loop.run(self.proxy.start())
             self.proxy_endpoint = ProxyEndpoint(f"http://127.0.0.1:{port}", self.proxy.admin_key)
+            tier = self.loop.run(self.proxy.engine_tier())
+            if not tier.trainable:
+                raise EngineNotTokenExact(
+                    f"the engine at {url} cannot be trained on: its capture tier is '{tier.tier}' ({tier.detail}). "
+                    "Training needs the prompt and sampled token ids and post-temperature logprobs of every call: "
+                    "serve vLLM with --logprobs-mode processed_logprobs (it returns token ids on request), "
+                    "or leave vllm_server_base_url unset for the embedded engine"
+                )
 
     def stop(self) -> None:
         """Stop whatever was started, also after a partial start."""

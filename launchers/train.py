@@ -36,7 +36,8 @@ any small model (``SMALL_MODEL_PROMPT``: a short system prompt, its shell tool o
     .venv/bin/python launchers/train.py --config run.yaml   # any flags above as YAML keys
 
 Before anything loads, a missing prerequisite (the agent CLI, the sandbox's tools or credentials, a
-dataset that names no task) ends the run with exit status 2 and one line each saying what to do.
+dataset that names no task) ends the run with exit status 2 and one line each saying what to do; so
+does an engine that does not return exact token ids and processed logprobs, once the proxy probed it.
 ``--save_rollouts true`` appends every trained rollout and its trace to ``output_dir/rollouts.jsonl``.
 """
 
@@ -63,6 +64,7 @@ from harness_grpo.checkpoints import latest_checkpoint  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
 from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
+from harness_grpo.services import EngineNotTokenExact  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
 HARNESSES = ("tool-agent", *AGENTS, "terminus-2")
@@ -215,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     resume = latest_checkpoint(args.output_dir) if launch.resume else None
     if launch.resume and resume is None:
         print(f"no checkpoint under {args.output_dir}: starting from step 0")
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    except EngineNotTokenExact as error:
+        print(f"cannot start: {error}", file=sys.stderr)
+        return 2
     if not trainer.is_main:
         return 0
     curve = [entry["rollout/correctness_mean"] for entry in trainer.state.log_history]

@@ -378,6 +378,12 @@ class CaptureProxy:
         self.metrics.sessions_created += 1
         return _json({"session_id": session.id, "api_key": api_key, **session.describe()}, 201)
 
+    async def engine_tier(self) -> EngineTier:
+        """The capture tier of the configured engine (probed once, as a session's creation probes it);
+        ``UpstreamError`` when the engine does not answer."""
+        client = self._client(None)
+        return await self._probe(client, await self._served_model(client, self.config.model))
+
     async def _probe(self, client: EngineClient, model: str) -> EngineTier:
         key = (client.base_url, model)
         if key not in self._tiers:

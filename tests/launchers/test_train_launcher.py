@@ -181,3 +181,43 @@ def test_config_file_errors_name_the_file_and_the_problem(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and str(config) in err, err
+
+
+def test_an_engine_that_is_not_token_exact_stops_the_launcher_with_what_to_do(tmp_path: Path) -> None:
+    """An OpenAI-compatible server without token ids (or with raw logprobs) can't be trained on: exit 2, why."""
+    from aiohttp import web
+
+    from harness_grpo.service_loop import ServiceLoop
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm"}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        message = {"role": "assistant", "content": "hi"}
+        return web.json_response({"id": "c", "object": "chat.completion", "model": "m", "choices": [
+            {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+        ]})  # fmt: skip
+
+    async def start() -> tuple[web.AppRunner, int]:
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    loop = ServiceLoop("text-only-engine")
+    runner, port = loop.run(start())
+    try:
+        out = tmp_path / "run"
+        out.mkdir()
+        run = _launch(out, "--max_steps", "1", "--vllm_server_base_url", f"http://127.0.0.1:{port}")
+        text = _wait(run, _log_path(out), 300)
+    finally:
+        loop.run(runner.cleanup())
+        loop.close()
+    assert run.returncode == 2, text[-4000:]
+    assert "cannot start: the engine at" in text and "capture tier is 'text'" in text, text[-4000:]
+    assert "--logprobs-mode processed_logprobs" in text, text[-4000:]
