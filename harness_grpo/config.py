@@ -112,6 +112,13 @@ class HarnessGRPOConfig(TrainingArguments):
         metadata={"help": "What the embedded engine loads; None: the trainer's model."},
     )
     engine_num_threads: int = field(default=1, metadata={"help": "torch threads of the embedded engine (0: all)."})
+    proxy_host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "Where the trainer's capture proxy listens; 0.0.0.0 for docker sandboxes to reach it."},
+    )
+    proxy_port: int = field(
+        default=0, metadata={"help": "The capture proxy's port (0: any free one); fix it to put a tunnel in front."}
+    )
 
     # --- loss -------------------------------------------------------------------------------------------------------
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range of the surrogate ratio."})

@@ -5,7 +5,8 @@
 - the engine: the embedded CPU engine and its HTTP server in-process, unless the config names an
   engine URL (``vllm_server_base_url``: a vLLM server, or our engine in another process);
 - the capture proxy, only when the session factory runs its sessions against the trainer's own
-  proxy (a ``TrainerBoundSessionFactory``); a third-party factory brings its own rollout side;
+  proxy (a ``TrainerBoundSessionFactory``), on ``proxy_host:proxy_port`` (the trainer reaches a wildcard
+  bind on 127.0.0.1); a third-party factory brings its own rollout side;
 - the weight sync, unless one was injected: ``weight_sync_for`` (in-process to the embedded
   engine; with a URL, NCCL to vLLM or HTTP to our engine, as the engine's ``/v1/models`` says).
 
@@ -88,9 +89,11 @@ class TrainerServices:
         if needs_proxy:
             journal = Path(args.output_dir) / "proxy_journal"
             shutil.rmtree(journal, ignore_errors=True)  # an earlier run's sessions: their rollouts were discarded
-            self.proxy = CaptureProxy(ProxyConfig(engine_url=url, journal_dir=journal, port=0))
+            config = ProxyConfig(engine_url=url, journal_dir=journal, host=args.proxy_host, port=args.proxy_port)
+            self.proxy = CaptureProxy(config)
             port = self.loop.run(self.proxy.start())
-            self.proxy_endpoint = ProxyEndpoint(f"http://127.0.0.1:{port}", self.proxy.admin_key)
+            host = "127.0.0.1" if args.proxy_host in ("0.0.0.0", "::", "") else args.proxy_host
+            self.proxy_endpoint = ProxyEndpoint(f"http://{host}:{port}", self.proxy.admin_key)
             tier = self.loop.run(self.proxy.engine_tier())
             if not tier.trainable:
                 raise EngineNotTokenExact(
