@@ -82,6 +82,21 @@ AGENT_TIMEOUT = "AgentTimeoutError"
 """Harbor's exception type for an agent stopped at its timeout (``harbor.trial.errors``)."""
 
 
+def environment_config(sandbox: str, kwargs: dict[str, Any]) -> EnvironmentConfig:
+    """Harbor's ``EnvironmentConfig`` for ``sandbox``: ``local`` (``LocalEnvironment``), a ``module:Class`` import
+    path, or a Harbor ``EnvironmentType`` value; ``ValueError`` naming the choices for anything else."""
+    if sandbox == "local":
+        return EnvironmentConfig(import_path=LOCAL_ENVIRONMENT, kwargs=kwargs)
+    if ":" in sandbox:
+        return EnvironmentConfig(import_path=sandbox, kwargs=kwargs)
+    if sandbox not in {kind.value for kind in EnvironmentType}:
+        raise ValueError(
+            f"unknown sandbox {sandbox!r}: choose local, a Harbor environment type "
+            f"({', '.join(kind.value for kind in EnvironmentType)}) or a module:Class import path"
+        )
+    return EnvironmentConfig(type=EnvironmentType(sandbox), kwargs=kwargs)
+
+
 def missing_prerequisites(harness: str, sandbox: str) -> list[str]:
     """What this machine lacks to run ``harness`` in ``sandbox``: one message per missing piece, saying how to get
     it (empty: ready). Checked before a run loads anything: the agent CLI installed on the host, tmux for
@@ -95,29 +110,20 @@ def missing_prerequisites(harness: str, sandbox: str) -> list[str]:
             "terminus-2 drives a tmux session in the sandbox, and the local sandbox has the host's: install tmux"
         )
     try:
-        if sandbox == "local":
-            EnvironmentFactory.run_preflight(type=None, import_path=LOCAL_ENVIRONMENT)
-        elif ":" in sandbox:
-            try:
-                EnvironmentFactory.run_preflight(type=None, import_path=sandbox)
-            except (ImportError, AttributeError, ValueError) as error:
-                raise RuntimeError(f"cannot import it ({error})") from error
-        elif sandbox not in {kind.value for kind in EnvironmentType}:
-            problems.append(
-                f"unknown sandbox {sandbox!r}: choose local, a Harbor environment type "
-                f"({', '.join(kind.value for kind in EnvironmentType)}) or a module:Class import path"
-            )
-        else:
-            EnvironmentFactory.run_preflight(type=EnvironmentType(sandbox))
-            client = CLOUD_CLIENTS.get(sandbox)
-            if client is not None and importlib.util.find_spec(client) is None:
-                problems.append(
-                    f"sandbox {sandbox!r} needs its client package {client!r}: pip install 'harbor[{sandbox}]==0.25.0'"
-                )
-    except ImportError as error:
-        problems.append(f"sandbox {sandbox!r} needs a package that is not installed: {error}")
+        config = environment_config(sandbox, {})
+    except ValueError as error:
+        return [*problems, str(error)]
+    try:
+        EnvironmentFactory.run_preflight(type=config.type, import_path=config.import_path)
+    except (ImportError, AttributeError, ValueError) as error:  # an environment class that does not import
+        problems.append(f"sandbox {sandbox!r}: cannot load it ({error})")
     except (SystemExit, RuntimeError) as error:
         problems.append(f"sandbox {sandbox!r}: {error}")
+    client = CLOUD_CLIENTS.get(sandbox)
+    if client is not None and importlib.util.find_spec(client) is None:
+        problems.append(
+            f"sandbox {sandbox!r} needs its client package {client!r}: pip install 'harbor[{sandbox}]==0.25.0'"
+        )
     return problems
 
 
@@ -357,7 +363,7 @@ class HarborTrialSessionFactory(BoundSessionFactory):
     ) -> None:
         self.harness = harness
         self.sampling = dict(sampling)
-        self.environment = self._environment_config(sandbox, dict(environment_kwargs or {}))
+        self.environment = environment_config(sandbox, dict(environment_kwargs or {}))
         self.sandbox = sandbox
         self.reward_key = reward_key
         self.proxy_url = proxy_url
@@ -394,19 +400,6 @@ class HarborTrialSessionFactory(BoundSessionFactory):
         by_path = ":" in self.harness
         config = AgentConfig(name=None if by_path else self.harness, import_path=self.harness if by_path else None)
         return AgentFactory.get_agent_class_from_config(config).MODEL_CONNECTION is not None
-
-    @staticmethod
-    def _environment_config(sandbox: str, kwargs: dict[str, Any]) -> EnvironmentConfig:
-        if sandbox == "local":
-            return EnvironmentConfig(import_path=LOCAL_ENVIRONMENT, kwargs=kwargs)
-        if ":" in sandbox:
-            return EnvironmentConfig(import_path=sandbox, kwargs=kwargs)
-        if sandbox not in {kind.value for kind in EnvironmentType}:
-            raise ValueError(
-                f"unknown sandbox {sandbox!r}: choose local, a Harbor environment type "
-                f"({', '.join(kind.value for kind in EnvironmentType)}) or a module:Class import path"
-            )
-        return EnvironmentConfig(type=EnvironmentType(sandbox), kwargs=kwargs)
 
     def create_from_row(self, row: Mapping[str, Any], *, seed: int, episode_id: str) -> HarborSession:
         """A session on the row's task, its proxy session leased; the trial runs in ``wait_for_completion``."""

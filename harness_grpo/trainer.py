@@ -371,9 +371,9 @@ class HarnessAsyncGRPOTrainer:
                 timeout_s=args.rollout_timeout_s * 2 + 60,
             )
             self.state.dropped_groups = self._dropped_before + producer.dropped_stale
-            rows, metrics = self._rows_and_metrics(groups)
+            rewards = [[self._reward(o) for o in g.outcomes] for g in groups]  # rollout_reward_fn: once a rollout
+            rows, metrics = self._rows_and_metrics(groups, rewards)
             if args.save_rollouts:
-                rewards = [[self._reward(o) for o in g.outcomes] for g in groups]
                 append_rollouts(Path(args.output_dir) / ROLLOUT_LOG, self.state.global_step + 1, groups, rewards)
             if args.log_completions:
                 self._print_sample(groups)
@@ -414,16 +414,17 @@ class HarnessAsyncGRPOTrainer:
         reward = outcome.env_reward if self.reward_fn is None else self.reward_fn(outcome)
         return None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else float(reward)
 
-    def _rows_and_metrics(self, groups: list[RolloutGroup]) -> tuple[list[Row], dict[str, float]]:
-        """Rank 0: score the groups, advantages, the step's rows, and the rollout metrics."""
+    def _rows_and_metrics(
+        self, groups: list[RolloutGroup], scores: list[list[float | None]]
+    ) -> tuple[list[Row], dict[str, float]]:
+        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards), the step's rows, the rollout metrics."""
         args = self.args
         now = time.monotonic()
         rewards: list[float | None] = []
         group_stats = []
         rows: list[Row] = []
         row_stats = RowStats()
-        for group in groups:
-            group_rewards = [self._reward(o) for o in group.outcomes]
+        for group, group_rewards in zip(groups, scores, strict=True):
             advantages, stats = group_advantages(group_rewards, scale=args.scale_rewards)
             group_stats.append((group_rewards, stats))
             rewards += group_rewards

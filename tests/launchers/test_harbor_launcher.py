@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from harness_grpo.agents import AGENTS, agent_binary
 from harness_grpo.harbor_local import check_prerequisites
 from harness_grpo.service_loop import ServiceLoop
 from tests.agents.conftest import EngineHandle, RecordingRelay, ServedCall, _start_embedded, _stop_process
+from tests.launchers.runs import wait_for_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = ("create-hello-file", "make-directory")
@@ -72,13 +72,7 @@ def _run(argv: list[str], log: Path, timeout_s: float) -> str:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"train.py did not finish within {timeout_s}s:\n{log.read_text()[-4000:]}")
-    text = log.read_text()
+    text = wait_for_launcher(process, log, timeout_s)
     assert process.returncode == 0, text[-4000:]
     return text
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness_grpo.checkpoints import TRAINER_STATE
+from tests.launchers.runs import wait_for_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_RUN = [
@@ -35,16 +36,6 @@ def _launch(output_dir: Path, *extra: str) -> subprocess.Popen:
     argv = [sys.executable, str(REPO / "launchers" / "train.py"), "--output_dir", str(output_dir), *SMALL_RUN, *extra]
     log = (output_dir.parent / f"{output_dir.name}-{time.monotonic_ns()}.log").open("w")
     return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, text=True)
-
-
-def _wait(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"train.py did not finish within {timeout_s}s:\n{log.read_text()[-4000:]}")
-    return log.read_text()
 
 
 def _log_path(output_dir: Path) -> Path:
@@ -71,7 +62,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path: P
     assert saved["global_step"] == 2 and saved["policy_version"] == 2 and saved["dataset_position"] >= 2
 
     second = _launch(out, "--max_steps", "5", "--save_steps", "2", "--save_total_limit", "5", "--resume", "true")
-    text = _wait(second, _log_path(out), 600)
+    text = wait_for_launcher(second, _log_path(out), 600)
     assert second.returncode == 0, text[-4000:]
     assert f"resumed from {out / 'checkpoint-2'} at step 2" in text, text[-4000:]
     assert "done at step 5" in text, text[-4000:]
@@ -94,7 +85,7 @@ def test_report_to_tensorboard_writes_the_trainer_metrics_and_log_completions_pr
     run = _launch(
         out, "--max_steps", "2", "--save_strategy", "no", "--report_to", "tensorboard", "--log_completions", "true"
     )
-    text = _wait(run, _log_path(out), 500)
+    text = wait_for_launcher(run, _log_path(out), 500)
     assert run.returncode == 0, text[-4000:]
     assert text.count("sample of step ") == 2 and "last reply " in text, text[-4000:]
     events = list(out.glob("runs/*/events.out.tfevents.*"))
@@ -129,7 +120,7 @@ def test_two_ranks_under_torchrun_train_and_checkpoint_together(tmp_path: Path) 
     ]  # fmt: skip
     with log.open("w") as sink:
         run = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    text = _wait(run, log, 500)
+    text = wait_for_launcher(run, log, 500)
     assert run.returncode == 0, text[-4000:]
     for step in (1, 2, 3):
         assert text.count(f"step {step}/3 ") == 1, f"step {step} not printed once (by rank 0 alone):\n{text[-4000:]}"
@@ -214,7 +205,7 @@ def test_an_engine_that_is_not_token_exact_stops_the_launcher_with_what_to_do(tm
         out = tmp_path / "run"
         out.mkdir()
         run = _launch(out, "--max_steps", "1", "--vllm_server_base_url", f"http://127.0.0.1:{port}")
-        text = _wait(run, _log_path(out), 300)
+        text = wait_for_launcher(run, _log_path(out), 300)
     finally:
         loop.run(runner.cleanup())
         loop.close()

@@ -310,7 +310,7 @@ class SyntheticProducer:
         self.dropped_stale = 0
 
     def take(self, n: int, **_: Any) -> list[Any]:
-        groups = [SimpleNamespace(row_index=self.position + i) for i in range(n)]
+        groups = [SimpleNamespace(row_index=self.position + i, outcomes=[]) for i in range(n)]
         self.position += n
         return groups
 
@@ -328,7 +328,7 @@ class SyntheticRun(HarnessAsyncGRPOTrainer):
         self.producer = SyntheticProducer(self.state.dataset_position)
         return self.producer
 
-    def _rows_and_metrics(self, groups: list[Any]) -> tuple[list[Row], dict[str, float]]:
+    def _rows_and_metrics(self, groups: list[Any], scores: list[Any]) -> tuple[list[Row], dict[str, float]]:
         return _rows(groups[0].row_index), {"reward": 0.5}
 
 
