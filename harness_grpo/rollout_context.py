@@ -32,7 +32,8 @@ class RolloutContext:
 
     ``sampling`` is the policy every session pins (the same dict the factory was built with);
     ``max_model_calls`` and ``max_output_tokens`` are the proxy's per-session budgets (None:
-    unlimited); ``model_name`` is the name agents send as their model.
+    unlimited); ``model_name`` is the name agents send as their model; ``engine_url``/``engine_model`` pin the
+    engine (and its served model) the sessions' calls go to (None: the proxy's default engine, its first model).
     """
 
     proxy: ProxyEndpoint
@@ -40,6 +41,8 @@ class RolloutContext:
     max_model_calls: int | None = None
     max_output_tokens: int | None = None
     model_name: str = "policy"
+    engine_url: str | None = None
+    engine_model: str | None = None
 
     def admin(self) -> ProxyAdminClient:
         return ProxyAdminClient(self.proxy.base_url, self.proxy.admin_key)
@@ -52,11 +55,13 @@ class RolloutContext:
             max_model_calls=self.max_model_calls if max_model_calls is None else max_model_calls,
             max_output_tokens=self.max_output_tokens,
             metadata=metadata,
+            engine={key: value for key, value in (("llm_url", self.engine_url), ("model", self.engine_model)) if value},
         )
 
 
 class ProxySessionLease:
-    """One rollout's train session on the proxy: created with the trainer's sampling policy and budget.
+    """One rollout's train session on the proxy: created with the trainer's sampling policy and budget (and, when
+    ``engine`` names them, its ``llm_url`` and served ``model``).
 
     ``key`` is what the model client sends as its API key (None once released); ``session_id`` names the
     session on the proxy's control plane; ``trace()`` is everything captured under the key; ``release()``
@@ -71,6 +76,7 @@ class ProxySessionLease:
         max_model_calls: int | None,
         max_output_tokens: int | None,
         metadata: dict[str, Any],
+        engine: Mapping[str, str] | None = None,
     ) -> None:
         self._admin = admin
         session = admin.create_session(
@@ -79,6 +85,7 @@ class ProxySessionLease:
             max_model_calls=max_model_calls,
             max_output_tokens=max_output_tokens,
             metadata=metadata,
+            **(engine or {}),
         )
         self.session_id = session.session_id
         self.key: str | None = session.api_key

@@ -39,6 +39,18 @@ Before anything loads, a missing prerequisite (the agent CLI, the sandbox's tool
 dataset that names no task) ends the run with exit status 2 and one line each saying what to do; so
 does an engine that does not return exact token ids and processed logprobs, once the proxy probed it.
 ``--save_rollouts true`` appends every trained rollout and its trace to ``output_dir/rollouts.jsonl``.
+
+``--env_url`` trains on a running rollout service instead: ``openenv harbor serve`` or ours (``python -m
+harness_grpo.serve``), which owns the tasks, the sandboxes and the capture proxy, possibly on another machine. Each
+rollout is one ``run_rollout`` of ``--harness`` in ``--sandbox`` on a task of ``--split`` (the service's dataset;
+``--n_tasks``/``--task_indices`` select tasks), its agent calling the engine at ``--vllm_server_base_url``, which the
+trainer syncs its weights into (so the service must reach that URL too)::
+
+    .venv/bin/python -m harness_grpo.engine --model tiny-warm --port 8000 &
+    .venv/bin/python -m harness_grpo.serve --dataset examples/tasks --llm-url http://127.0.0.1:8000 \
+        --port 8200 --capture-port 8300 &
+    .venv/bin/python launchers/train.py --env_url http://127.0.0.1:8200 --split examples/tasks \
+        --harness terminus-2 --vllm_server_base_url http://127.0.0.1:8000
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ from harness_grpo.agent_sessions import LocalAgentSessionFactory  # noqa: E402
 from harness_grpo.agents import AGENTS, SMALL_MODEL_PROMPT  # noqa: E402
 from harness_grpo.checkpoints import latest_checkpoint  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
+from harness_grpo.harbor_service_sessions import HarborSessionFactory  # noqa: E402
 from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
 from harness_grpo.services import EngineNotTokenExact  # noqa: E402
@@ -136,6 +149,20 @@ class LaunchArgs:
             "a Harbor harness: the warm-started tiny model (with SMALL_MODEL_PROMPT)."
         },
     )
+    env_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "A running rollout service (openenv harbor serve, or python -m harness_grpo.serve) to run the "
+            "rollouts on: its env server URL. Needs --vllm_server_base_url, the engine its agents call."
+        },
+    )
+    split: str = field(
+        default="", metadata={"help": "With --env_url: the service's dataset to train on; default its first."}
+    )
+    n_tasks: int | None = field(default=None, metadata={"help": "With --env_url: train on the first N tasks only."})
+    task_indices: str | None = field(
+        default=None, metadata={"help": "With --env_url: train on these tasks only, as comma-separated indices."}
+    )
     resume: bool = field(default=False, metadata={"help": "Resume from the last checkpoint in output_dir."})
     window: int = field(default=5, metadata={"help": "Steps averaged for the first/last reward summary."})
 
@@ -180,7 +207,43 @@ def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]
     launch, config, _ = parser.parse_args_into_dataclasses(args=argv)
     if launch.harness == "tool-agent" and launch.dataset is not None:
         parser.error("--dataset is for Harbor harnesses; tool-agent trains on its built-in task")
+    if launch.env_url is not None:
+        if launch.harness == "tool-agent":
+            parser.error("--env_url runs Harbor harnesses: pass --harness (terminus-2, opencode, ...)")
+        for name in ("dataset", "proxy_url"):
+            if getattr(launch, name) is not None:
+                parser.error(f"--{name} is the rollout service's with --env_url (its tasks are --split's)")
+        if config.vllm_server_base_url is None:
+            parser.error(
+                "--env_url needs --vllm_server_base_url: the engine the service's agents call and the trainer "
+                "syncs its weights into (e.g. python -m harness_grpo.engine --model tiny-warm --port 8000)"
+            )
+    elif launch.split or launch.n_tasks is not None or launch.task_indices is not None:
+        parser.error("--split, --n_tasks and --task_indices select a rollout service's tasks: pass --env_url")
     return launch, config
+
+
+def service_factory(launch: LaunchArgs, args: HarnessGRPOConfig) -> functools.partial:
+    """``HarborSessionFactory`` on the rollout service at ``--env_url``, for the trainer to call with ``sampling=``."""
+    indices = None
+    if launch.task_indices is not None:
+        try:
+            indices = [int(index) for index in launch.task_indices.split(",")]
+        except ValueError:
+            raise ValueError(f"--task_indices must be comma-separated integers, not {launch.task_indices!r}") from None
+    return functools.partial(
+        HarborSessionFactory,
+        launch.env_url,
+        split=launch.split,
+        llm_url=args.vllm_server_base_url,
+        harness=launch.harness,
+        sandbox=launch.sandbox,
+        reward_key=launch.reward_key,
+        agent_timeout_sec=args.rollout_timeout_s,
+        agent_step_limit=args.max_model_calls or 0,
+        num_tasks=launch.n_tasks,
+        indices=indices,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,6 +256,21 @@ def main(argv: list[str] | None = None) -> int:
             setup=submit_task.setup,
         )
         model, dataset = launch.model or str(submit_task.task_model_path()), submit_task.dataset()
+    elif launch.env_url is not None:
+        try:
+            factory = service_factory(launch, args)
+        except ValueError as error:
+            print(f"cannot start: {error}", file=sys.stderr)
+            return 2
+        try:
+            dataset = factory(sampling={}).prompt_rows()
+        except Exception as error:  # the service unreachable or refusing: one line, before the model loads
+            print(f"cannot start: the rollout service at {launch.env_url}: {error}", file=sys.stderr)
+            return 2
+        if not dataset:
+            print(f"cannot start: the rollout service at {launch.env_url} has no task to train on", file=sys.stderr)
+            return 2
+        model = launch.model or "tiny-warm"
     else:
         problems = missing_prerequisites(launch.harness, launch.sandbox)
         if problems:

@@ -124,6 +124,7 @@ class ProxyConfig:
     port: int = 8100
     admin_key: str | None = None  # None on loopback: minted; required off loopback
     model: str | None = None  # served name upstream; None: the engine's first model
+    engine_api_key: str | None = None  # sent upstream as "Authorization: Bearer" (an engine behind a key)
     keepalive_s: float = 10.0
     max_body_bytes: int = 32 * 1024 * 1024
     upstream_timeout_s: float = 600.0  # one engine call's whole budget, its retries included
@@ -259,6 +260,7 @@ class CaptureProxy:
                 retries=self.config.upstream_retries,
                 backoff_s=self.config.upstream_backoff_s,
                 counters=self._engine_counters,
+                api_key=self.config.engine_api_key,
             )
             self._clients[url] = client
             while len(self._clients) > self.config.max_engine_clients:
