@@ -25,15 +25,15 @@ A session (``HarborServiceSession``):
   agent's timeout on the service; 0 defers to the task's) and returns 0 when the service reports it usable, else 1
   with the reason in ``error``. It never raises for a failed rollout, as OpenEnv's, with one exception: an agent
   stopped at its timeout raises ``TimeoutError`` after the service has verified it, so the trainer keeps its tokens
-  and reward and marks it ``timed_out``. A service at its concurrency limit (``CAPACITY_REACHED``, its
-  ``MAX_CONCURRENT_ENVS``) is waited on: the session reconnects with backoff for up to ``capacity_wait_s``.
+  and reward and marks it ``timed_out``. A service at its concurrency limit (its ``MAX_CONCURRENT_ENVS``) is waited
+  on: the session reconnects with backoff for up to ``capacity_wait_s``.
 - ``fetch_training_trace()`` is the rollout's ``TrainingTrace`` (OpenEnv's ``to_training_trace`` of the result, read
   into ours, which validates it); ``RolloutServiceError`` when the rollout has none to train on (it did not run, an
   eval-only engine, a capture the service found unusable). ``fetch_proxy_trace()`` is OpenEnv's legacy list.
 - ``verify()`` is the service's verifier reward (None when it did not grade), its other rewards as
   ``verifier/<key>`` metrics.
 - ``close()`` closes the session's connection (the service finishes a trial already running); any thread, any
-  number of times.
+  number of times. The connection, so the service's env session, is also released as soon as the result is in.
 
 Not picklable live: ``__getstate__`` drops the factory's client (TRL spawns its rollout worker and pickles the
 factory) and keeps the task list.
@@ -60,10 +60,24 @@ log = logging.getLogger(__name__)
 
 AGENT_TIMEOUT = "AgentTimeoutError"
 """Harbor's exception type for an agent stopped at its timeout, as the service reports it."""
-CAPACITY_REACHED = "CAPACITY_REACHED"
-"""The env server's error code for a connection beyond its ``max_concurrent_envs``."""
+AT_CAPACITY = ("CAPACITY_REACHED", "Server at capacity")
+"""How the env server refuses an env session beyond its ``max_concurrent_envs`` (its WebSocket error code, its MCP
+session error)."""
 MESSAGE_GRACE_S = 900.0
 """How long a rollout's answer may take beyond its agent's timeout (sandbox start, install, verifier)."""
+
+
+def refused_for_capacity(error: BaseException) -> bool:
+    """Whether ``error`` (or one it was raised from or while handling: OpenEnv's client can mask the server's answer
+    with its own failure to clean up) is the service refusing a session at its concurrency limit."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if any(sign in str(current) for sign in AT_CAPACITY):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class RolloutServiceError(RuntimeError):
@@ -72,13 +86,15 @@ class RolloutServiceError(RuntimeError):
 
 class HarborServiceSession:
     """One rollout of task ``task_index`` on the service (module docstring); ``result`` is its
-    ``HarborRolloutResult`` once ``wait_for_completion`` returned (None when the call itself failed)."""
+    ``HarborRolloutResult`` once ``wait_for_completion`` returned (None when the call itself failed), ``waited_s``
+    how long it waited for a free slot on the service."""
 
     def __init__(self, factory: HarborSessionFactory, task_index: int, instruction: str) -> None:
         self.task_index = task_index
         self.instruction = instruction
         self.result: HarborRolloutResult | None = None
         self.error: str | None = None
+        self.waited_s = 0.0
         self._factory = factory
         self._env: HarborEnv | None = None
         self._closed = False
@@ -110,11 +126,13 @@ class HarborServiceSession:
                     agent_step_limit=factory.agent_step_limit,
                     sampling=factory.sampling,
                 )
+                self._drop_connection()  # the result is here: the service's env session is free for the next
                 break
             except Exception as exc:  # a failed call is an outcome to score around, never a crash of the loop
                 self._drop_connection()
-                if CAPACITY_REACHED in str(exc) and time.monotonic() + backoff < deadline and not self._closed:
+                if refused_for_capacity(exc) and time.monotonic() + backoff < deadline and not self._closed:
                     time.sleep(backoff)
+                    self.waited_s += backoff
                     backoff = min(backoff * 2, 5.0)
                     continue
                 self.error = f"run_rollout failed: {type(exc).__name__}: {exc}"

@@ -107,7 +107,11 @@ class TaskSplits:
         task = self.task(split, index)
         spec = split or self.datasets[0]
         return HarborTaskRef(
-            index=index, task_id=str(task.path), task_name=task.name, dataset=spec, instruction=task.instruction
+            index=index,
+            task_id=str(task.path),
+            task_name=task.name,
+            dataset=spec,
+            instruction=task.instruction.strip(),
         ).model_dump()
 
     def refs(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
