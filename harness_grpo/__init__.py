@@ -28,6 +28,7 @@ _EXPORTS = {
     "HarnessRunLimits": "harness_grpo.white_box",
     "LocalAgentSessionFactory": "harness_grpo.agent_sessions",
     "CLIAgentSessionFactory": "harness_grpo.agent_sessions",
+    "HarborSessionFactory": "harness_grpo.harbor_service_sessions",
     "with_turn_rule": "harness_grpo.turn_masks",
     "has_tool_call": "harness_grpo.turn_masks",
     "TrainingTrace": "proxy.trace",
@@ -37,6 +38,7 @@ _EXPORTS = {
 __all__ = [
     "CLIAgentSessionFactory",
     "CaptureContractError",
+    "HarborSessionFactory",
     "HarnessAdapter",
     "HarnessAsyncGRPOTrainer",
     "HarnessGRPOConfig",
@@ -59,6 +61,7 @@ __all__ = [
 if TYPE_CHECKING:
     from harness_grpo.agent_sessions import CLIAgentSessionFactory, LocalAgentSessionFactory
     from harness_grpo.config import HarnessGRPOConfig
+    from harness_grpo.harbor_service_sessions import HarborSessionFactory
     from harness_grpo.outcomes import HarnessRolloutOutcome, HarnessTurn
     from harness_grpo.rollout_context import RolloutContext
     from harness_grpo.session_protocol import (

@@ -42,6 +42,7 @@ import math
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -581,6 +582,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -606,7 +611,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"capture   {capture} (sandboxes: {args.proxy_url or 'local, through its loopback'})", flush=True)
         print(f"server    http://{args.host}:{args.port}  (Task API at /{ENV_NAME}/splits, MCP over /ws)", flush=True)
-        uvicorn.run(build_app(service), host=args.host, port=args.port, log_level="info")
+        # uvicorn re-raises SIGTERM once it has shut down: as SystemExit, so stop() below cancels the rollouts still
+        # running (their sandboxes deleted) and stops the proxy, instead of the process dying with them.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        uvicorn.run(build_app(service), host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
     finally:
         service.stop()
 

@@ -267,3 +267,22 @@ def test_the_proxy_sends_the_engine_key_upstream(relayed_engine: RelayedEngine, 
     finally:
         loop.run(keyed.stop())
         loop.close()
+
+
+def test_a_session_closed_from_another_thread_stops_waiting(
+    services: dict[str, Service], relayed_engine: RelayedEngine
+) -> None:
+    """The trainer's shutdown closes running sessions from its own thread: the wait returns, unscorable."""
+    relay = relayed_engine.relay
+    factory = factory_on(services["ours"], relayed_engine, agent_step_limit=0, agent_timeout_sec=20.0)
+    session = factory.create(factory.prompt_rows()[0]["prompt"])
+    before = len(relay.served)
+    codes: list[int] = []
+    waiting = threading.Thread(target=lambda: codes.append(session.wait_for_completion()))
+    waiting.start()
+    until_blocking(lambda: len(relay.served) > before, "the rollout never called the engine", 60.0)
+    session.close()
+    waiting.join(15.0)
+    assert not waiting.is_alive(), "wait_for_completion did not return after close"
+    assert codes == [1] and session.error, session.error
+    assert session.verify().env_reward is None
