@@ -25,6 +25,7 @@ from openenv.harbor.client import HarborEnv
 from harness_grpo.harbor_service_sessions import HarborSessionFactory, refused_for_capacity
 from harness_grpo.openenv_harbor import install
 from harness_grpo.rollouts import run_rollout
+from harness_grpo.serve import pick_reward_key, training_policy
 from harness_grpo.service_loop import ServiceLoop
 from proxy.server import CaptureProxy, ProxyConfig
 from tests.agents.conftest import RecordingRelay
@@ -286,3 +287,29 @@ def test_a_session_closed_from_another_thread_stops_waiting(
     assert not waiting.is_alive(), "wait_for_completion did not return after close"
     assert codes == [1] and session.error, session.error
     assert session.verify().env_reward is None
+
+
+def test_the_reward_is_the_named_key_else_the_only_one_else_reward() -> None:
+    assert pick_reward_key({"score": 0.5}, "") == "score"
+    assert pick_reward_key({"reward": 1.0, "style": 0.2}, "") == "reward"
+    assert pick_reward_key({"reward": 1.0, "style": 0.2}, "missing, style") == "style"
+    assert pick_reward_key({}, "") is None
+    with pytest.raises(ValueError, match=r"several rewards .* none named reward: pass reward_key"):
+        pick_reward_key({"a": 1.0, "b": 0.0}, "")
+    with pytest.raises(ValueError, match="reward_key 'c' is not among"):
+        pick_reward_key({"a": 1.0}, "c")
+
+
+def test_the_sampling_a_rollout_names_is_openenvs_training_policy_in_our_fields() -> None:
+    assert training_policy(None) == {}
+    openenv_normalised = {"temperature": 0.5, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+    openenv_normalised |= {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0}
+    assert training_policy(openenv_normalised) == {
+        "temperature": 0.5,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+    }
+    with pytest.raises(ValueError, match="finite positive temperature"):
+        training_policy({"temperature": 0})
