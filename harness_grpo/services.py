@@ -16,7 +16,9 @@ after a failed start, and never leaves a thread or a server behind.
 
 from __future__ import annotations
 
+import json
 import shutil
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +104,19 @@ class TrainerServices:
                     "serve vLLM with --logprobs-mode processed_logprobs (it returns token ids on request), "
                     "or leave vllm_server_base_url unset for the embedded engine"
                 )
+
+    def engine_weight_version(self) -> int | None:
+        """The weight version an external engine reports on ``GET /health`` (the embedded engine's server
+        does; vLLM does not: None). None for an engine this run started, or on ranks other than 0."""
+        if self.engine is not None or self.engine_url is None:
+            return None
+        with urllib.request.urlopen(f"{self.engine_url.rstrip('/')}/health", timeout=30) as response:
+            body = response.read()
+        try:
+            version = json.loads(body).get("weight_version") if body else None
+        except (ValueError, AttributeError):
+            return None
+        return version if isinstance(version, int) else None
 
     def stop(self) -> None:
         """Stop whatever was started, also after a partial start."""

@@ -307,7 +307,11 @@ class HarnessAsyncGRPOTrainer:
             if self.hub is not None:
                 self.hub.create_repo()
             self._progress.start()
-            if checkpoint is not None:  # a fresh engine holds the base weights; give it the checkpoint's
+            # A fresh engine holds the base weights, an engine server an earlier run used holds that run's:
+            # either way, give it this run's before any rollout starts.
+            engine_version = self.services.engine_weight_version() if self.is_main else None
+            other_weights = engine_version is not None and engine_version != self.state.policy_version
+            if broadcast_from_main(checkpoint is not None or other_weights):
                 self.state.policy_version = self.weight_sync.sync(self.model)
             self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
             producer = self._start_producer() if self.is_main else None
