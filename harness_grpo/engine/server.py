@@ -357,7 +357,7 @@ async def resume(request: web.Request) -> web.Response:
 
 
 async def update_weights(request: web.Request) -> web.Response:
-    """``POST /update_weights[?version=N][&rebase=true]`` with a safetensors body; answers the new ``weight_version``."""
+    """``POST /update_weights[?version=N][&rebase=true]`` with a safetensors body; answers the new version."""
     engine = _engine(request)
     rebase = request.query.get("rebase", "false")
     if rebase not in ("true", "false"):
