@@ -119,6 +119,15 @@ class HarnessGRPOConfig(TrainingArguments):
     proxy_port: int = field(
         default=0, metadata={"help": "The capture proxy's port (0: any free one); fix it to put a tunnel in front."}
     )
+    proxy_base_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "A capture proxy already running elsewhere (python -m proxy --engine-url <the engine at "
+            "vllm_server_base_url>): the trainer opens its rollouts' sessions there instead of starting one. Its "
+            "admin key comes from the environment variable HARNESS_PROXY_ADMIN_KEY (the one the proxy reads), "
+            "never from a flag or a config file. Needs vllm_server_base_url."
+        },
+    )
 
     # --- loss -------------------------------------------------------------------------------------------------------
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range of the surrogate ratio."})
