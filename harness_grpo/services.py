@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.server import CaptureProxy, ProxyConfig
 
 PROXY_ADMIN_KEY_ENV = "HARNESS_PROXY_ADMIN_KEY"
+
+
+class EngineUnreachable(RuntimeError):
+    """The engine at ``vllm_server_base_url`` does not answer."""
 
 
 class EngineNotTokenExact(RuntimeError):
@@ -117,8 +122,13 @@ class TrainerServices:
         does; vLLM does not: None). None for an engine this run started, or on ranks other than 0."""
         if self.engine is not None or self.engine_url is None:
             return None
-        with urllib.request.urlopen(f"{self.engine_url.rstrip('/')}/health", timeout=30) as response:
-            body = response.read()
+        try:
+            with urllib.request.urlopen(f"{self.engine_url.rstrip('/')}/health", timeout=30) as response:
+                body = response.read()
+        except urllib.error.HTTPError:  # it answers, but not with our engine's health
+            return None
+        except OSError as exc:
+            raise EngineUnreachable(f"the engine at {self.engine_url} does not answer GET /health: {exc}") from None
         try:
             version = json.loads(body).get("weight_version") if body else None
         except (ValueError, AttributeError):
