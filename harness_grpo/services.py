@@ -37,11 +37,15 @@ from proxy.server import CaptureProxy, ProxyConfig
 PROXY_ADMIN_KEY_ENV = "HARNESS_PROXY_ADMIN_KEY"
 
 
-class EngineUnreachable(RuntimeError):
+class ServicesError(RuntimeError):
+    """The run's services cannot start; the message says what to fix."""
+
+
+class EngineUnreachable(ServicesError):
     """The engine at ``vllm_server_base_url`` does not answer."""
 
 
-class EngineNotTokenExact(RuntimeError):
+class EngineNotTokenExact(ServicesError):
     """The engine does not return what training needs: exact token ids and processed logprobs."""
 
 
@@ -158,13 +162,13 @@ def external_proxy(args: HarnessGRPOConfig) -> ProxyEndpoint:
     (``HARNESS_PROXY_ADMIN_KEY``), and opens a train session, which it does only for a token-exact engine."""
     url = str(args.proxy_base_url).rstrip("/")
     if args.vllm_server_base_url is None:
-        raise ValueError(
+        raise ServicesError(
             f"proxy_base_url={url} needs vllm_server_base_url: the engine that proxy forwards to, which the trainer "
             "pushes its weights to (an in-process engine would be one the proxy cannot reach)"
         )
     key = os.environ.get(PROXY_ADMIN_KEY_ENV)
     if not key:
-        raise ValueError(f"proxy_base_url={url}: set {PROXY_ADMIN_KEY_ENV} to that proxy's admin key")
+        raise ServicesError(f"proxy_base_url={url}: set {PROXY_ADMIN_KEY_ENV} to that proxy's admin key")
     admin = ProxyAdminClient(url, key, timeout_s=60)
     try:
         probe = admin.create_session(
@@ -172,9 +176,9 @@ def external_proxy(args: HarnessGRPOConfig) -> ProxyEndpoint:
         )
     except ProxyClientError as exc:
         if exc.status == 401:
-            raise ValueError(f"the proxy at {url} refused {PROXY_ADMIN_KEY_ENV}: {exc}") from None
+            raise ServicesError(f"the proxy at {url} refused {PROXY_ADMIN_KEY_ENV}: {exc}") from None
         if exc.status == 400 and "tier" in str(exc):
             raise EngineNotTokenExact(f"the proxy at {url} cannot open train sessions: {exc}") from None
-        raise ValueError(f"the proxy at {url} cannot open sessions: {exc}") from None
+        raise ServicesError(f"the proxy at {url} cannot open sessions: {exc}") from None
     admin.delete(probe.session_id)
     return ProxyEndpoint(url, key)

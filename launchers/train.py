@@ -64,7 +64,7 @@ from harness_grpo.checkpoints import latest_checkpoint  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
 from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
-from harness_grpo.services import EngineNotTokenExact  # noqa: E402
+from harness_grpo.services import ServicesError  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
 HARNESSES = ("tool-agent", *AGENTS, "terminus-2")
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no checkpoint under {args.output_dir}: starting from step 0")
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    except EngineNotTokenExact as error:
+    except ServicesError as error:
         print(f"cannot start: {error}", file=sys.stderr)
         return 2
     if not trainer.is_main:

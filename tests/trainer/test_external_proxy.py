@@ -19,7 +19,7 @@ import pytest
 from examples import submit_task
 from harness_grpo import HarnessAsyncGRPOTrainer, HarnessGRPOConfig
 from harness_grpo.agent_sessions import LocalAgentSessionFactory
-from harness_grpo.services import PROXY_ADMIN_KEY_ENV
+from harness_grpo.services import PROXY_ADMIN_KEY_ENV, ServicesError
 from tests.support.processes import ReadyProcess, start_engine
 
 ADMIN_KEY = "external-proxy-test-admin-key"
@@ -75,11 +75,11 @@ def test_the_trainer_trains_through_a_proxy_in_another_process(tmp_path: Path, m
             assert b'"weight_version":1' in response.read().replace(b" ", b"")
 
         monkeypatch.setenv(PROXY_ADMIN_KEY_ENV, "not-the-key")
-        with pytest.raises(ValueError, match=f"refused {PROXY_ADMIN_KEY_ENV}"):
+        with pytest.raises(ServicesError, match=f"refused {PROXY_ADMIN_KEY_ENV}"):
             _trainer(tmp_path, engine.url, proxy_url, "wrong-key").train()
         monkeypatch.delenv(PROXY_ADMIN_KEY_ENV)
-        with pytest.raises(ValueError, match=f"set {PROXY_ADMIN_KEY_ENV}"):
+        with pytest.raises(ServicesError, match=f"set {PROXY_ADMIN_KEY_ENV}"):
             _trainer(tmp_path, engine.url, proxy_url, "no-key").train()
         monkeypatch.setenv(PROXY_ADMIN_KEY_ENV, ADMIN_KEY)
-        with pytest.raises(ValueError, match="needs vllm_server_base_url"):
+        with pytest.raises(ServicesError, match="needs vllm_server_base_url"):
             _trainer(tmp_path, None, proxy_url, "no-engine").train()
