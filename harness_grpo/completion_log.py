@@ -7,16 +7,17 @@ the tool results, then the last reply), reward, advantage (the group's, as train
 ``env_reward``, turns, tool calls and why it was unscorable. ``log_episodes`` then
 
 - prints ``num_completions_to_print`` of them (None: all), each a panel with its episode;
-- sends the table, as TRL does, to wandb (``wandb.log({"completions": wandb.Table(...)})``) and
-  trackio (``trackio.log({"completions": trackio.Table(...)})``) when they are in ``report_to``, and
-  to tensorboard as a markdown text summary ``completions`` at the step, written by transformers'
-  ``TensorBoardCallback``'s own writer.
+- writes the table, as TRL does, to ``output_dir/completions/completions_<step>.parquet`` and sends
+  it to wandb and trackio when they are in ``report_to`` (``backend.log({"completions":
+  backend.Table(dataframe=table)})``), and to tensorboard as a markdown text summary ``completions``
+  at the step, written by transformers' ``TensorBoardCallback``'s own writer.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -118,19 +119,28 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def report_table(
-    rows: Sequence[dict[str, Any]], *, report_to: Sequence[str], callbacks: Iterable[Any], step: int
+    rows: Sequence[dict[str, Any]], *, report_to: Sequence[str], callbacks: Iterable[Any], step: int, output_dir: Path
 ) -> None:
-    """Send ``rows`` to the ``report_to`` backends that take a table (see the module docstring)."""
+    """Write ``rows`` to ``output_dir/completions/completions_<step>.parquet`` and send them to the ``report_to``
+    backends that take a table (see the module docstring)."""
+    import pandas as pd
+
+    table = pd.DataFrame(list(rows), columns=list(COLUMNS))
+    folder = output_dir / "completions"
+    folder.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(folder / f"completions_{step:05d}.parquet")
+    backends = []
     if "wandb" in report_to:
         import wandb
 
         if wandb.run is not None:
-            wandb.log({"completions": wandb.Table(columns=list(COLUMNS), data=[[r[c] for c in COLUMNS] for r in rows])})
+            backends.append(wandb)
     if "trackio" in report_to:
-        import pandas as pd
         import trackio
 
-        trackio.log({"completions": trackio.Table(dataframe=pd.DataFrame(rows, columns=list(COLUMNS)))})
+        backends.append(trackio)
+    for backend in backends:
+        backend.log({"completions": backend.Table(dataframe=table)})
     if "tensorboard" in report_to:
         from transformers.integrations import TensorBoardCallback
 
@@ -150,9 +160,10 @@ def log_episodes(
     limit: int | None,
     report_to: Sequence[str],
     callbacks: Iterable[Any],
+    output_dir: Path,
 ) -> list[dict[str, Any]]:
     """Print and report the step's episodes (see the module docstring); returns the table's rows."""
     rows = episode_rows(groups, rewards, step=step, scale_rewards=scale_rewards)
     print_episodes(console, rows, limit)
-    report_table(rows, report_to=report_to, callbacks=callbacks, step=step)
+    report_table(rows, report_to=report_to, callbacks=callbacks, step=step, output_dir=output_dir)
     return rows

@@ -264,8 +264,9 @@ class HarnessGRPOConfig(TrainingArguments):
         default=False,
         metadata={
             "help": "TRL's name: every logged step, print whole episodes with rich (every turn, tool calls and tool "
-            "results, reward, advantage) and send them as a table to the report_to backends (wandb/trackio: a "
-            "'completions' table; tensorboard: a markdown text summary) (harness_grpo.completion_log)."
+            "results, reward, advantage), write them to output_dir/completions/completions_<step>.parquet and send "
+            "them as a table to the report_to backends (wandb/trackio: a 'completions' table; tensorboard: a markdown "
+            "text summary) (harness_grpo.completion_log)."
         },
     )
     num_completions_to_print: int | None = field(

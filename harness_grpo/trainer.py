@@ -583,6 +583,7 @@ class HarnessAsyncGRPOTrainer:
                 limit=self.args.num_completions_to_print,
                 report_to=self.args.report_to,
                 callbacks=self.callback_handler.callbacks,
+                output_dir=Path(self.args.output_dir),
             )
 
     def _save(self) -> None:

@@ -1,4 +1,4 @@
-"""``log_completions``: whole episodes printed with rich and sent to tensorboard as a table, on real steps.
+"""``log_completions``: whole episodes printed with rich, saved as parquet and sent to tensorboard, on real steps.
 
 A ``rollout_func`` sends the tiny model (real proxy, real embedded engine) an episode that already holds
 an assistant tool call and its tool result, so every captured episode has a tool call, a tool result
@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas
 import pytest
 
-from harness_grpo.completion_log import markdown_table, render_episode
+from harness_grpo.completion_log import COLUMNS, markdown_table, render_episode
 from harness_grpo.config import HarnessGRPOConfig
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer
 
@@ -97,3 +98,9 @@ def test_log_completions_prints_episodes_and_writes_a_tensorboard_table(tmp_path
         table = event.tensor_proto.string_val[0].decode()
         assert table.count("[tool read_file]") == 4  # every episode of the step, not only the printed ones
         assert table.count(TOOL_RESULT) == 4 and table.count("[assistant]") >= 8
+
+    for step in (1, 2):  # TRL's parquet file per logged step
+        saved = pandas.read_parquet(tmp_path / "completions" / f"completions_{step:05d}.parquet")
+        assert list(saved.columns) == list(COLUMNS) and len(saved) == 4 and set(saved["step"]) == {step}
+        assert all(TOOL_RESULT in episode for episode in saved["episode"])
+        assert saved["reward"].tolist() == pytest.approx(saved["env_reward"].tolist())

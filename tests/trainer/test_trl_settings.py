@@ -232,3 +232,16 @@ def test_trl_names_parse_from_flags_and_a_resolved_config_builds_again() -> None
     ]  # fmt: skip
     again = config(**{name: getattr(args, name) for name in mine if name in names})
     assert all(getattr(again, name) == getattr(args, name) for name in mine)
+
+
+def test_the_trainer_builds_its_loss_and_engine_from_the_resolved_settings(tmp_path: Any) -> None:
+    from examples import submit_task
+    from examples.white_box_submit import SubmitTaskSessionFactory
+    from harness_grpo.trainer import HarnessAsyncGRPOTrainer
+
+    args = HarnessGRPOConfig(
+        output_dir=str(tmp_path), report_to=[], num_generations=2, vllm_importance_sampling_mode="token_mask"
+    )
+    trainer = HarnessAsyncGRPOTrainer("tiny", SubmitTaskSessionFactory, args, submit_task.dataset())
+    assert trainer.loss_config == LossConfig(importance_sampling="token_mask", is_cap=3.0, is_floor=0.0)
+    assert trainer.args.vllm_server_base_url is None  # the embedded engine
