@@ -13,7 +13,8 @@
     timed_out           the agent was stopped at the rollout timeout (tokens and reward kept)
 
 Ours, beside them: ``training_trace`` (the whole ``TrainingTrace``), ``error`` (why the rollout is
-unscorable), ``exit_code``, ``metrics`` (the verifier's), ``tool_latency_s`` (white-box only).
+unscorable), ``exit_code``, ``metrics`` (the verifier's), ``tool_latency_s`` (white-box only),
+``extra_fields`` (what a ``rollout_func`` returned beside its reward and ids).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class HarnessRolloutOutcome:
     exit_code: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     tool_latency_s: list[tuple[str, float]] = field(default_factory=list)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -44,7 +44,6 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainerCallback
 from transformers.integrations import get_reporting_integration_callbacks
@@ -53,6 +52,7 @@ from transformers.utils import logging as hf_logging
 
 from harness_grpo.advantages import group_advantages, group_metrics
 from harness_grpo.checkpoints import HarnessTrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from harness_grpo.completion_log import log_episodes
 from harness_grpo.config import HarnessGRPOConfig
 from harness_grpo.distributed import (
     broadcast_from_main,
@@ -68,6 +68,7 @@ from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logpro
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
 from harness_grpo.rollout_context import RolloutContext
+from harness_grpo.rollout_func import RolloutFunc, rollout_func_factory
 from harness_grpo.rollout_log import ROLLOUT_LOG, append_rollouts
 from harness_grpo.rollout_metrics import outcome_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer
@@ -124,6 +125,8 @@ class HarnessAsyncGRPOTrainer:
     (classes or instances), after transformers' ``DefaultFlowCallback`` and the ``report_to`` ones.
     ``weight_sync``: the weight transport (``harness_grpo.weight_transports``); default: in-process to the
     embedded engine, or chosen from the engine at ``vllm_server_base_url``.
+    ``rollout_func``: TRL's ``rollout_func(prompts, trainer) -> dict``, instead of a session factory: it owns
+    generation (through the trainer's proxy) and the environment (``harness_grpo.rollout_func``).
 
     Several processes (``accelerate launch`` with FSDP2 or DDP, or ``torchrun``): rank 0 runs the
     services and rollouts and broadcasts each step's rows; every rank trains on its share and takes
@@ -133,7 +136,7 @@ class HarnessAsyncGRPOTrainer:
     def __init__(
         self,
         model: str | PreTrainedModel,
-        harness_session_factory: Callable[..., Any],
+        harness_session_factory: Callable[..., Any] | None = None,
         args: HarnessGRPOConfig | None = None,
         train_dataset: Sequence[dict[str, Any]] | None = None,
         rollout_reward_fn: RewardFn | None = None,
@@ -142,6 +145,7 @@ class HarnessAsyncGRPOTrainer:
         processing_class: Any = None,
         callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
         weight_sync: WeightSync | None = None,
+        rollout_func: RolloutFunc | None = None,
     ) -> None:
         if args is None:
             name = model if isinstance(model, str) else getattr(model, "name_or_path", "model")
@@ -160,8 +164,21 @@ class HarnessAsyncGRPOTrainer:
                 f"weight_sync {type(weight_sync).__name__} is not a WeightSync: missing {', '.join(missing)}"
             )
         self.sampling = args.sampling_policy()
-        factory = harness_session_factory(sampling=dict(self.sampling))
-        check_factory(factory, harness_session_factory)
+        if rollout_func is not None:
+            factory = rollout_func_factory(
+                rollout_func,
+                self,
+                harness_session_factory=harness_session_factory,
+                harness_adapter=harness_adapter,
+                needs_env_reward=rollout_reward_fn is None,
+            )
+            if "prompt" not in train_dataset[0]:
+                raise ValueError("train_dataset rows need a 'prompt' column: rollout_func gets the rows' prompts")
+        elif harness_session_factory is None:
+            raise TypeError("HarnessAsyncGRPOTrainer needs a harness_session_factory (or a rollout_func)")
+        else:
+            factory = harness_session_factory(sampling=dict(self.sampling))
+            check_factory(factory, harness_session_factory)
         if harness_adapter is not None:
             factory = WhiteBoxSessionFactory(factory, harness_adapter, max_turns=args.max_tool_calling_iterations or 8)
         self.session_factory = factory
@@ -200,6 +217,7 @@ class HarnessAsyncGRPOTrainer:
             epsilon_high=args.epsilon_high,
             importance_sampling=args.importance_sampling,
             is_cap=args.importance_sampling_cap,
+            is_floor=args.vllm_importance_sampling_clip_min,
             beta=args.beta,
         )
         self.reference = None
@@ -225,6 +243,7 @@ class HarnessAsyncGRPOTrainer:
         self.injected_weight_sync = weight_sync
         self.services: TrainerServices | None = None
         self._last_logged_step = self._last_saved_step = -1
+        self._episodes_to_log: tuple[list[RolloutGroup], list[list[float | None]]] | None = None
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     @property
@@ -380,7 +399,7 @@ class HarnessAsyncGRPOTrainer:
             if args.save_rollouts:
                 append_rollouts(Path(args.output_dir) / ROLLOUT_LOG, self.state.global_step + 1, groups, rewards)
             if args.log_completions:
-                self._print_sample(groups)
+                self._episodes_to_log = (groups, rewards)  # printed and reported if this step is logged
             shared = (rows, metrics, max(g.row_index for g in groups) + 1, self.state.dropped_groups)
         rows, metrics, self.state.dataset_position, self.state.dropped_groups = broadcast_from_main(shared)
         metrics.update(self._optimize(rows))
@@ -556,18 +575,20 @@ class HarnessAsyncGRPOTrainer:
             f"loss {metrics.get('loss', float('nan')):.4f} v{self.state.policy_version} "
             f"{metrics.get('step_time_s', 0.0):.1f}s"
         )
-
-    def _print_sample(self, groups: list[RolloutGroup]) -> None:
-        """One rollout of this step: verifier reward, turns, its last reply (``log_completions``)."""
-        outcome = next((o for g in groups for o in g.outcomes if o.completion), groups[0].outcomes[0])
-        message = outcome.completion[-1] if outcome.completion else {}
-        calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in message.get("tool_calls") or []]
-        reply = repr((message.get("content") or "")[:600]) + (f" calls {calls}" if calls else "")
-        self._progress.console.print(
-            f"[dim]sample of step {self.state.global_step + 1}:[/] env_reward {outcome.env_reward}, "
-            f"{len(outcome.trace)} turns, {outcome.tool_call_count} tool calls"
-            f"{', error ' + escape(outcome.error) if outcome.error else ''}; last reply {escape(reply)}"
-        )
+        if self._episodes_to_log is not None:
+            groups, rewards = self._episodes_to_log
+            self._episodes_to_log = None
+            log_episodes(
+                groups,
+                rewards,
+                step=self.state.global_step,
+                scale_rewards=self.args.scale_rewards,
+                console=self._progress.console,
+                limit=self.args.num_completions_to_print,
+                report_to=self.args.report_to,
+                callbacks=self.callback_handler.callbacks,
+                output_dir=Path(self.args.output_dir),
+            )
 
     def _save(self) -> None:
         """Every rank: write this step's checkpoint; rank 0 pushes it by ``hub_strategy``; then ``on_save``."""
