@@ -10,6 +10,7 @@ rewards are the ones trained on, extra fields reach ``rollout_reward_fn``, and t
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 from pathlib import Path
@@ -52,12 +53,12 @@ class TwoTurnRollout:
         self.ids = ids
         self.reward = reward
         self.rewards: list[float] = []
+        self.finished: collections.Counter[str] = collections.Counter()
         self.views: list[RolloutFuncTrainer] = []
         self.lock = threading.Lock()
 
     def __call__(self, prompts: list[Any], trainer: RolloutFuncTrainer) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "reply_chars": []}
-        rewards = []
         for prompt, client in zip(prompts, trainer.rollout_clients, strict=True):
             messages = [{"role": "user", "content": prompt}]
             first = client.chat(messages, return_token_ids=True)["choices"][0]["message"]
@@ -76,9 +77,13 @@ class TwoTurnRollout:
                 out["completion_ids"].append(trainer.processing_class.encode(text))
             out["logprobs"].append([entry["logprob"] for entry in choice["logprobs"]["content"]])
             out["reply_chars"].append(len(text))
-            # A reward with spread across a group: the share of even token ids the model sampled.
-            rewards.append(sum(t % 2 == 0 for t in choice["token_ids"]) / max(len(choice["token_ids"]), 1))
         with self.lock:
+            # A reward that always has spread across a group (a sampled one can tie, and then nothing trains):
+            # 0 and 1 by turns among the rollouts of one prompt, in the order they finish.
+            rewards = []
+            for prompt in prompts:
+                rewards.append(float(self.finished[prompt] % 2))
+                self.finished[prompt] += 1
             self.rewards += rewards
             self.views.append(trainer)
         if self.reward:
