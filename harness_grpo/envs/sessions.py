@@ -5,8 +5,9 @@ out, the next ``step`` opens a new WebSocket, which is a new server session with
 plays on in it (huggingface/OpenEnv#1103). ``EpisodeClient`` keeps OpenEnv's client API and wire
 format and changes only that:
 
-- ``reset()`` starts the episode on a session of its own: a socket that already carried an episode
-  is closed first and a new one opened, so an episode and a server session are one to one.
+- an episode never spans two server sessions: ``reset()`` starts it on the client's open session
+  (the server builds a fresh game there) or, when there is none or it was lost, on a new one; run
+  concurrent episodes on separate clients, each holding one session (one WebSocket).
 - once ``reset()`` has answered, any call that cannot be carried by that same socket (it was
   closed by the server, the server died, a reply did not come within ``message_timeout_s``)
   raises ``SessionLostError``, and so does every later call until the next ``reset()``.
@@ -68,9 +69,10 @@ class EpisodeClient(EnvClient[ActT, ObsT, StateT]):
         self._lost_reason: str | None = None
 
     async def _reset_async(self, **kwargs: Any) -> StepResult[ObsT]:
-        if self._episode_open or self._lost_reason is not None:
+        if self._lost_reason is not None:
             await self._disconnect_async()
-        self._lost_reason = None
+            self._lost_reason = None
+        self._episode_open = False
         result = await super()._reset_async(**kwargs)
         self._episode_open = True
         return result
@@ -100,8 +102,18 @@ class EpisodeClient(EnvClient[ActT, ObsT, StateT]):
         except ConnectionClosed as exc:
             raise self._lose(f"the connection closed ({exc})") from exc
         if response.get("type") == "error":
-            raise self._server_error(response.get("data") or {})
+            data = response.get("data") or {}
+            if data.get("code") == "CAPACITY_REACHED":
+                self._drop_socket()
+            raise self._server_error(data)
         return response
+
+    def _drop_socket(self) -> None:
+        """Forget a socket the server is closing (its close frame may not have arrived yet)."""
+        ws, self._ws, self._ws_loop = self._ws, None, None
+        self._episode_open = False
+        if ws is not None:
+            self._schedule_socket_close(ws)
 
     def _lose(self, why: str) -> SessionLostError:
         if not self._episode_open:
@@ -117,6 +129,5 @@ class EpisodeClient(EnvClient[ActT, ObsT, StateT]):
         code = str(data.get("code", "UNKNOWN"))
         message = str(data.get("message", "unknown error"))
         if code == "CAPACITY_REACHED":
-            self._episode_open = False
             return ServerAtCapacityError(message, data.get("active_sessions"), data.get("max_sessions"))
         return EnvServerError(code, message)

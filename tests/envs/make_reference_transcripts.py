@@ -98,8 +98,14 @@ def record_textarena(args: argparse.Namespace) -> list[dict[str, Any]]:
         payloads = [serialize_observation(env.reset())]
         payloads += [serialize_observation(env.step(TextArenaAction(message=action))) for action in actions]
         cases.append(
-            {"env": "wordle", "name": name, "reset": {"secret_word": secret}, "actions": actions,
-             "payloads": jsonable(payloads), "state": jsonable(env.state.model_dump(exclude={"episode_id"}))}
+            {
+                "env": "wordle",
+                "name": name,
+                "reset": {"secret_word": secret},
+                "actions": actions,
+                "payloads": jsonable(payloads),
+                "state": jsonable(env.state.model_dump(exclude={"episode_id"})),
+            }
         )
     for seed in SUDOKU_SEEDS:
         for label in ("invalid_twice", "play"):
@@ -118,9 +124,14 @@ def record_textarena(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if payloads[-1]["done"]:
                     break
             cases.append(
-                {"env": "sudoku", "name": f"seed{seed}_{label}", "reset": {"seed": seed},
-                 "actions": actions[: len(payloads) - 1], "payloads": jsonable(payloads),
-                 "state": jsonable(env.state.model_dump(exclude={"episode_id"}))}
+                {
+                    "env": "sudoku",
+                    "name": f"seed{seed}_{label}",
+                    "reset": {"seed": seed},
+                    "actions": actions[: len(payloads) - 1],
+                    "payloads": jsonable(payloads),
+                    "state": jsonable(env.state.model_dump(exclude={"episode_id"})),
+                }
             )
     return cases
 
@@ -141,8 +152,14 @@ def record_catch(args: argparse.Namespace) -> list[dict[str, Any]]:
         payloads = [serialize_observation(env.reset())]
         payloads += [serialize_observation(env.step(OpenSpielAction(action_id=a))) for a in actions]
         cases.append(
-            {"env": "catch", "name": name, "reset": {"seed": seed}, "actions": actions,
-             "payloads": jsonable(payloads), "state": jsonable(env.state.model_dump(exclude={"episode_id"}))}
+            {
+                "env": "catch",
+                "name": name,
+                "reset": {"seed": seed},
+                "actions": actions,
+                "payloads": jsonable(payloads),
+                "state": jsonable(env.state.model_dump(exclude={"episode_id"})),
+            }
         )
     return cases
 
