@@ -67,7 +67,7 @@ class EpisodeToolEnv:
         return result
 
     def _close(self) -> None:
-        client, self._client = self._client, None
+        client, self._client = getattr(self, "_client", None), None
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
