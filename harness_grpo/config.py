@@ -28,6 +28,7 @@ and ``gradient_accumulation_steps`` do not size steps (and are refused when set)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from transformers import TrainingArguments
@@ -38,6 +39,8 @@ from harness_grpo.training_args import check_optim_name, check_training_args
 @dataclass
 class HarnessGRPOConfig(TrainingArguments):
     """Settings of ``HarnessAsyncGRPOTrainer`` (see the module docstring for the batch shape)."""
+
+    _VALID_DICT_FIELDS: ClassVar[list[str]] = [*TrainingArguments._VALID_DICT_FIELDS, "chat_template_kwargs"]
 
     # --- TrainingArguments defaults that differ for async GRPO ------------------------------------------------------
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (TRL's async GRPO default)."})
@@ -77,13 +80,35 @@ class HarnessGRPOConfig(TrainingArguments):
     )
     max_tool_calling_iterations: int | None = field(
         default=None,
-        metadata={"help": "White-box mode (harness_adapter): model calls per rollout; None: 8."},
+        metadata={
+            "help": "Built-in tool loop (environment_factory / tools): rounds of tool calls per rollout, as in TRL's "
+            "GRPO trainer (at most this + 1 model calls); None: no cap (max_completion_length still ends it). "
+            "harness_adapter: model calls per rollout; None: 8."
+        },
     )
     max_completion_length: int = field(
         default=2048,
         metadata={
-            "help": "Most tokens sampled per model call (per turn, as in TRL AsyncGRPO), enforced by the proxy "
-            "when the trainer runs it (a third-party session factory enforces its own)."
+            "help": "Agents (harness_session_factory, harness_adapter): most tokens sampled per model call (per "
+            "turn, as in TRL AsyncGRPO), enforced by the proxy when the trainer runs it (a third-party session "
+            "factory enforces its own). Built-in tool loop (environment_factory / tools): the whole conversation "
+            "after the prompt, every model token and tool-result token across turns, as in TRL's GRPO trainer; "
+            "the episode ends when it is spent."
+        },
+    )
+    chat_template_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments of the chat template for the trainer's own model calls (built-in tool loop, "
+            'harness_adapter), sent as the request\'s chat_template_kwargs, e.g. {"enable_thinking": false}; an '
+            "agent sends its own. A JSON string on the command line."
+        },
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of each of reward_funcs, in order (default 1 each); environments' get_reward and "
+            "rollout_reward_fn weigh 1. A rollout's reward is the weighted sum of its non-None rewards."
         },
     )
     max_sequence_length: int = field(

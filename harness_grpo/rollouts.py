@@ -188,6 +188,7 @@ def run_rollout(
             exit_code=exit_code,
             metrics=dict(getattr(verdict, "metrics", None) or {}),
             tool_latency_s=list(report.latency_s) if report is not None else [],
+            episode=getattr(session, "tool_loop_episode", None),
         )
     finally:
         if live is not None:
