@@ -199,7 +199,6 @@ class HarnessAsyncGRPOTrainer:
         if not self.uses_own_proxy and "prompt" not in train_dataset[0]:
             raise ValueError("train_dataset rows need a 'prompt' column: the session factory creates from it")
         self.train_dataset = train_dataset
-        self.reward_fn = rollout_reward_fn
         self.rewards = RewardFunctions(
             reward_funcs, args.reward_weights, rollout_reward_fn=rollout_reward_fn, environments=self.environments
         )
