@@ -29,6 +29,7 @@ what reward functions and the ``tools/*`` metrics read after the rollout.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,7 @@ class ToolSuffixLength:
         self.kwargs = dict(chat_template_kwargs or {})
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self._lock = threading.Lock()  # rollouts run on several threads; a fast tokenizer is not re-entrant
 
     def __call__(self, tool_messages: list[Message]) -> int:
         dummy = [
@@ -120,9 +122,10 @@ class ToolSuffixLength:
         return len(full) - len(prefix)
 
     def _render(self, messages: list[Message], *, add_generation_prompt: bool) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False, **self.kwargs
-        )
+        with self._lock:
+            ids = self.tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False, **self.kwargs
+            )
         return list(ids)
 
 
