@@ -152,7 +152,7 @@ def test_routing_observations_template_kwargs_and_the_budget_on_the_engines_own_
         {"prompt": _prompt("Show me notes.txt."), "environment": "files"},
         {"prompt": _prompt("Search for pytest fixtures."), "environment": "files"},
     ]
-    budget = 80
+    budget = 48
     trainer = HarnessAsyncGRPOTrainer(
         str(warm_tiny_model_path()),
         args=_args(
@@ -169,7 +169,7 @@ def test_routing_observations_template_kwargs_and_the_budget_on_the_engines_own_
     trainer._start_services()
     try:
         stops, calls = [], 0
-        for seed in range(12):
+        for seed in range(64):  # until both were seen (16 at least): ~15% of rollouts call a tool
             row = rows[seed % len(rows)]
             outcome = run_rollout(trainer.session_factory, row, seed=seed, timeout_s=120)
             assert outcome.error is None and outcome.training_trace is not None, outcome.error
@@ -199,6 +199,8 @@ def test_routing_observations_template_kwargs_and_the_budget_on_the_engines_own_
             )
             stops.append(episode.stop_reason)
             calls += episode.tool_calls
+            if seed >= 15 and calls and "max_completion_length" in stops:
+                break
         assert calls > 0, "the model never called a tool: the loop was not exercised"
         assert "max_completion_length" in stops, stops  # read_file's result does not fit in what is left
     finally:
