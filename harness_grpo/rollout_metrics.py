@@ -46,6 +46,16 @@ def _std(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
+def reward_metrics(columns: Mapping[str, Sequence[float | None]]) -> dict[str, float]:
+    """``rewards/<name>/mean`` and ``/std`` of each reward column, over the values that are not None."""
+    metrics = {}
+    for name, values in columns.items():
+        scored = [v for v in values if v is not None]
+        metrics[f"rewards/{name}/mean"] = _mean(scored)
+        metrics[f"rewards/{name}/std"] = _std(scored)
+    return metrics
+
+
 def outcome_metrics(
     groups: Sequence[Sequence[HarnessRolloutOutcome]],
     rewards: Sequence[float | None],
@@ -57,12 +67,7 @@ def outcome_metrics(
     (None: unscorable), in the order of the flattened ``groups``; ``shaped``: the reward is not the
     verifier's alone; ``reward_columns``: each reward column's values, in the same order."""
     outcomes = [o for group in groups for o in group]
-    columns = reward_columns if reward_columns is not None else {REWARD_NAME: rewards}
-    metrics = {}
-    for name, values in columns.items():
-        scored = [v for v in values if v is not None]
-        metrics[f"rewards/{name}/mean"] = _mean(scored)
-        metrics[f"rewards/{name}/std"] = _std(scored)
+    metrics = reward_metrics(reward_columns if reward_columns is not None else {REWARD_NAME: rewards})
     metrics |= {
         "rollout/errors": float(sum(o.error is not None for o in outcomes)),
         "rollout/timed_out_frac": sum(o.timed_out for o in outcomes) / len(outcomes) if outcomes else 0.0,

@@ -74,7 +74,7 @@ from harness_grpo.packing import pack_rows
 from harness_grpo.reward_funcs import RewardFunc, RewardFunctions
 from harness_grpo.rollout_context import RolloutContext
 from harness_grpo.rollout_log import ROLLOUT_LOG, append_rollouts
-from harness_grpo.rollout_metrics import outcome_metrics
+from harness_grpo.rollout_metrics import outcome_metrics, reward_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.services import TrainerServices
@@ -411,7 +411,8 @@ class HarnessAsyncGRPOTrainer:
             )
             self.state.dropped_groups = self._dropped_before + producer.dropped_stale
             rewards, columns, logged = self.rewards.score(groups, self.state)  # each reward function: once a step
-            rows, metrics = self._rows_and_metrics(groups, rewards, columns)
+            rows, metrics = self._rows_and_metrics(groups, rewards)
+            metrics.update(reward_metrics(columns))
             metrics.update(logged)
             if args.save_rollouts:
                 append_rollouts(Path(args.output_dir) / ROLLOUT_LOG, self.state.global_step + 1, groups, rewards)
@@ -449,13 +450,10 @@ class HarnessAsyncGRPOTrainer:
         self.control.should_log = self.control.should_save = False
 
     def _rows_and_metrics(
-        self,
-        groups: list[RolloutGroup],
-        scores: list[list[float | None]],
-        columns: dict[str, list[float | None]] | None = None,
+        self, groups: list[RolloutGroup], scores: list[list[float | None]]
     ) -> tuple[list[Row], dict[str, float]]:
-        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards; ``columns``: each reward column's
-        values over the flattened groups), the step's rows, the rollout metrics."""
+        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards), the step's rows, the rollout metrics
+        (those of each reward column come from ``_step``)."""
         args = self.args
         now = time.monotonic()
         rewards: list[float | None] = []
@@ -483,9 +481,7 @@ class HarnessAsyncGRPOTrainer:
                     stats=row_stats,
                 )
         metrics = {
-            **outcome_metrics(
-                [g.outcomes for g in groups], rewards, shaped=self.rewards.shaped, reward_columns=columns
-            ),
+            **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.rewards.shaped, reward_columns={}),
             **group_metrics(group_stats),
             **row_stats.metrics(),
             "staleness/mean": float(np.mean([self.state.policy_version - g.policy_version for g in groups])),
