@@ -36,6 +36,7 @@ ours and TRL's name the same thing, either may be used; both set and disagreeing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from transformers import TrainingArguments
@@ -47,6 +48,8 @@ from harness_grpo.trl_settings import apply_trl_settings, trl_refused
 @dataclass
 class HarnessGRPOConfig(TrainingArguments):
     """Settings of ``HarnessAsyncGRPOTrainer`` (see the module docstring for the batch shape)."""
+
+    _VALID_DICT_FIELDS: ClassVar[list[str]] = [*TrainingArguments._VALID_DICT_FIELDS, "chat_template_kwargs"]
 
     # --- TrainingArguments defaults that differ for async GRPO ------------------------------------------------------
     learning_rate: float = field(default=1e-6, metadata={"help": "AdamW learning rate (TRL's async GRPO default)."})
@@ -104,13 +107,35 @@ class HarnessGRPOConfig(TrainingArguments):
     )
     max_tool_calling_iterations: int | None = field(
         default=None,
-        metadata={"help": "White-box mode (harness_adapter): model calls per rollout; None: 8."},
+        metadata={
+            "help": "Built-in tool loop (environment_factory / tools): rounds of tool calls per rollout, as in TRL's "
+            "GRPO trainer (at most this + 1 model calls); None: no cap (max_completion_length still ends it). "
+            "harness_adapter: model calls per rollout; None: 8."
+        },
     )
     max_completion_length: int = field(
         default=2048,
         metadata={
-            "help": "Most tokens sampled per model call (per turn, as in TRL AsyncGRPO), enforced by the proxy "
-            "when the trainer runs it (a third-party session factory enforces its own)."
+            "help": "Agents (harness_session_factory, harness_adapter): most tokens sampled per model call (per "
+            "turn, as in TRL AsyncGRPO), enforced by the proxy when the trainer runs it (a third-party session "
+            "factory enforces its own). Built-in tool loop (environment_factory / tools): the whole conversation "
+            "after the prompt, every model token and tool-result token across turns, as in TRL's GRPO trainer; "
+            "the episode ends when it is spent."
+        },
+    )
+    chat_template_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments of the chat template for the trainer's own model calls (built-in tool loop, "
+            'harness_adapter), sent as the request\'s chat_template_kwargs, e.g. {"enable_thinking": false}; an '
+            "agent sends its own. A JSON string on the command line."
+        },
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of each of reward_funcs, in order (default 1 each); environments' get_reward and "
+            "rollout_reward_fn weigh 1. A rollout's reward is the weighted sum of its non-None rewards."
         },
     )
     max_sequence_length: int = field(

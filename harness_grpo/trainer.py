@@ -8,11 +8,14 @@ block on worker threads. Sessions reach the model only through a capture proxy.
 The session factory is built once, at construction, as TRL builds it:
 ``harness_session_factory(sampling=policy)`` (``harness_grpo.session_protocol``); the trainer then
 calls ``factory.create(row["prompt"], seed=..., episode_id=...)`` per rollout, or, for its own
-trainer-bound factories, ``bind_rollout(context)`` once and ``create_from_row(row, ...)``.
+trainer-bound factories, ``bind_rollout(context)`` once and ``create_from_row(row, ...)``. With
+``environment_factory`` or ``tools`` instead, the trainer's own factory runs the built-in tool loop
+(``harness_grpo.tool_loop``) through the same proxy.
 
 A step: take ``groups_per_step`` complete groups (dropping groups more than ``max_staleness``
-policy versions old, counted); score each rollout with ``rollout_reward_fn(outcome)`` (default: the
-verifier's ``env_reward``; a rollout that failed to run is None, i.e. unscorable); group advantages
+policy versions old, counted); score the rollouts (``harness_grpo.reward_funcs``: ``reward_funcs``,
+environments' ``get_reward``, ``rollout_reward_fn(outcome)`` or by default the verifier's
+``env_reward``; a rollout that failed to run is None, i.e. unscorable); group advantages
 with None excluded; rows from each scored rollout's trace along the capture graph the proxy built
 (``sequences_from_trace`` → ``rollout_rows``); pack; clipped surrogate + token IS; one optimizer
 step; every ``weight_sync_steps`` push the weights to the engine and bump the policy version.
@@ -63,18 +66,21 @@ from harness_grpo.distributed import (
     shard_rows,
 )
 from harness_grpo.engine.embedded import resolve_model
+from harness_grpo.environments import EnvironmentFactory, Environments
 from harness_grpo.hub import HubPusher
 from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
+from harness_grpo.reward_funcs import RewardFunc, RewardFunctions
 from harness_grpo.rollout_context import RolloutContext
 from harness_grpo.rollout_func import RolloutFunc, rollout_func_factory
 from harness_grpo.rollout_log import ROLLOUT_LOG, append_rollouts
-from harness_grpo.rollout_metrics import outcome_metrics
+from harness_grpo.rollout_metrics import outcome_metrics, reward_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.services import TrainerServices
 from harness_grpo.session_protocol import TrainerBoundSessionFactory, check_factory
+from harness_grpo.tool_loop import ToolLoopSessionFactory
 from harness_grpo.training_args import (
     accelerator_kwargs,
     check_training_args,
@@ -114,13 +120,19 @@ class HarnessAsyncGRPOTrainer:
     ``harness_session_factory``: called once as ``harness_session_factory(sampling=policy)``; what it
     returns has ``create(prompt, seed=..., episode_id=...)`` (``harness_grpo.session_protocol``), e.g.
     OpenEnv's ``HarborSessionFactory`` or ``functools.partial(LocalAgentSessionFactory, command=[...],
-    verifier=...)``.
+    verifier=...)``. Not given with ``environment_factory`` / ``tools``.
     ``args``: ``HarnessGRPOConfig``. ``train_dataset``: rows with a ``prompt`` (a string or a message
-    list); other columns reach trainer-bound factories. Rows are walked in order, ``num_train_epochs``
-    times when ``max_steps`` is not set.
+    list); other columns reach trainer-bound factories, environments' ``reset`` and reward functions.
+    Rows are walked in order, ``num_train_epochs`` times when ``max_steps`` is not set.
     ``rollout_reward_fn``: ``HarnessRolloutOutcome -> float | None``; default: the verifier's ``env_reward``.
     ``harness_adapter``: None for loop-owning agents; else the white-box tool loop that runs each
     rollout through the proxy (``harness_grpo.white_box``), the factory's sessions being its environment.
+    ``reward_funcs``: TRL's reward functions, one or a list, weighted by ``args.reward_weights``; with a
+    session factory they add to its verifier reward (``harness_grpo.reward_funcs``).
+    ``environment_factory`` (a class or callable, or a dict of them keyed by the rows' ``environment``)
+    and ``tools`` (functions): the built-in tool loop, TRL's ``environment_factory`` contract
+    (``harness_grpo.environments``, ``harness_grpo.tool_loop``); rewards come from ``reward_funcs``,
+    environments' ``get_reward`` or ``rollout_reward_fn``.
     ``processing_class``: the tokenizer (default: the model's). ``callbacks``: ``TrainerCallback``s
     (classes or instances), after transformers' ``DefaultFlowCallback`` and the ``report_to`` ones.
     ``weight_sync``: the weight transport (``harness_grpo.weight_transports``); default: in-process to the
@@ -142,11 +154,18 @@ class HarnessAsyncGRPOTrainer:
         rollout_reward_fn: RewardFn | None = None,
         harness_adapter: HarnessAdapter | None = None,
         *,
+        reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+        environment_factory: EnvironmentFactory | dict[str, EnvironmentFactory] | None = None,
+        tools: list[Callable[..., Any]] | None = None,
         processing_class: Any = None,
         callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
         weight_sync: WeightSync | None = None,
         rollout_func: RolloutFunc | None = None,
     ) -> None:
+        if isinstance(harness_session_factory, HarnessGRPOConfig):
+            raise TypeError(
+                "the second positional argument is harness_session_factory; pass args=..., train_dataset=... by keyword"
+            )
         if args is None:
             name = model if isinstance(model, str) else getattr(model, "name_or_path", "model")
             args = HarnessGRPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-HarnessGRPO")
@@ -165,29 +184,45 @@ class HarnessAsyncGRPOTrainer:
             )
         self.sampling = args.sampling_policy()
         if rollout_func is not None:
+            if environment_factory is not None or tools:
+                raise ValueError(
+                    "rollout_func owns generation and the environment: it cannot be combined with "
+                    "environment_factory or tools"
+                )
+            self.environments = None
             factory = rollout_func_factory(
                 rollout_func,
                 self,
                 harness_session_factory=harness_session_factory,
                 harness_adapter=harness_adapter,
-                needs_env_reward=rollout_reward_fn is None,
+                needs_env_reward=rollout_reward_fn is None and not reward_funcs,
             )
             if "prompt" not in train_dataset[0]:
                 raise ValueError("train_dataset rows need a 'prompt' column: rollout_func gets the rows' prompts")
-        elif harness_session_factory is None:
-            raise TypeError("HarnessAsyncGRPOTrainer needs a harness_session_factory (or a rollout_func)")
         else:
-            factory = harness_session_factory(sampling=dict(self.sampling))
-            check_factory(factory, harness_session_factory)
-        if harness_adapter is not None:
-            factory = WhiteBoxSessionFactory(factory, harness_adapter, max_turns=args.max_tool_calling_iterations or 8)
+            self.environments = _environments(harness_session_factory, harness_adapter, environment_factory, tools)
+            if self.environments is not None:
+                self.environments.check_rows(train_dataset)
+                factory = None  # built once the tokenizer is loaded: the tool loop counts tokens with it
+            else:
+                factory = harness_session_factory(sampling=dict(self.sampling))
+                check_factory(factory, harness_session_factory)
+        if harness_adapter is not None and rollout_func is None:
+            factory = WhiteBoxSessionFactory(
+                factory,
+                harness_adapter,
+                max_turns=args.max_tool_calling_iterations or 8,
+                chat_template_kwargs=args.chat_template_kwargs,
+            )
         self.session_factory = factory
         self.harness_adapter = harness_adapter
-        self.uses_own_proxy = isinstance(factory, TrainerBoundSessionFactory)
+        self.uses_own_proxy = factory is None or isinstance(factory, TrainerBoundSessionFactory)
         if not self.uses_own_proxy and "prompt" not in train_dataset[0]:
             raise ValueError("train_dataset rows need a 'prompt' column: the session factory creates from it")
         self.train_dataset = train_dataset
-        self.reward_fn = rollout_reward_fn
+        self.rewards = RewardFunctions(
+            reward_funcs, args.reward_weights, rollout_reward_fn=rollout_reward_fn, environments=self.environments
+        )
         self.max_steps = (
             args.max_steps
             if args.max_steps > 0
@@ -201,6 +236,14 @@ class HarnessAsyncGRPOTrainer:
             self.model_path = getattr(model, "name_or_path", None)
         self.tokenizer = processing_class or AutoTokenizer.from_pretrained(self.model_path)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if self.environments is not None:
+            self.session_factory = ToolLoopSessionFactory(
+                self.environments,
+                tokenizer=self.tokenizer,
+                max_tool_calling_iterations=args.max_tool_calling_iterations,
+                max_completion_length=args.max_completion_length,
+                chat_template_kwargs=args.chat_template_kwargs,
+            )
         # Under `accelerate launch` / torchrun this joins the process group and applies the launch's
         # FSDP2 / DDP settings; in one process it only picks the device.
         self.accelerator = Accelerator(**accelerator_kwargs(args))
@@ -394,8 +437,10 @@ class HarnessAsyncGRPOTrainer:
                 timeout_s=args.rollout_timeout_s * 2 + 60,
             )
             self.state.dropped_groups = self._dropped_before + producer.dropped_stale
-            rewards = [[self._reward(o) for o in g.outcomes] for g in groups]  # rollout_reward_fn: once a rollout
+            rewards, columns, logged = self.rewards.score(groups, self.state)  # each reward function: once a step
             rows, metrics = self._rows_and_metrics(groups, rewards)
+            metrics.update(reward_metrics(columns))
+            metrics.update(logged)
             if args.save_rollouts:
                 append_rollouts(Path(args.output_dir) / ROLLOUT_LOG, self.state.global_step + 1, groups, rewards)
             if args.log_completions:
@@ -431,16 +476,11 @@ class HarnessAsyncGRPOTrainer:
             self._save()
         self.control.should_log = self.control.should_save = False
 
-    def _reward(self, outcome: HarnessRolloutOutcome) -> float | None:
-        if outcome.error is not None or outcome.training_trace is None:
-            return None
-        reward = outcome.env_reward if self.reward_fn is None else self.reward_fn(outcome)
-        return None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else float(reward)
-
     def _rows_and_metrics(
         self, groups: list[RolloutGroup], scores: list[list[float | None]]
     ) -> tuple[list[Row], dict[str, float]]:
-        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards), the step's rows, the rollout metrics."""
+        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards), the step's rows, the rollout metrics
+        (those of each reward column come from ``_step``)."""
         args = self.args
         now = time.monotonic()
         rewards: list[float | None] = []
@@ -468,7 +508,7 @@ class HarnessAsyncGRPOTrainer:
                     stats=row_stats,
                 )
         metrics = {
-            **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.reward_fn is not None),
+            **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.rewards.shaped, reward_columns={}),
             **group_metrics(group_stats),
             **row_stats.metrics(),
             "staleness/mean": float(np.mean([self.state.policy_version - g.policy_version for g in groups])),
@@ -613,3 +653,27 @@ class HarnessAsyncGRPOTrainer:
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for d in dicts for k in d}
     return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in keys}
+
+
+def _environments(
+    harness_session_factory: Any,
+    harness_adapter: Any,
+    environment_factory: EnvironmentFactory | dict[str, EnvironmentFactory] | None,
+    tools: list[Callable[..., Any]] | None,
+) -> Environments | None:
+    """The built-in tool loop's environments when ``environment_factory`` or ``tools`` is given (probed now,
+    so a bad tool fails the construction); None for a session factory. Refuses a mix of the two modes."""
+    if environment_factory is None and not tools:
+        if harness_session_factory is None:
+            raise TypeError(
+                "HarnessAsyncGRPOTrainer needs harness_session_factory (an agent runs each rollout) or "
+                "environment_factory= / tools= (the built-in tool loop runs it)"
+            )
+        return None
+    if harness_session_factory is not None or harness_adapter is not None:
+        given = "harness_session_factory" if harness_session_factory is not None else "harness_adapter"
+        raise ValueError(
+            f"{given} and environment_factory/tools are two ways to run rollouts: pass one (reward functions go "
+            "in reward_funcs=, by keyword)"
+        )
+    return Environments(environment_factory, tools)
