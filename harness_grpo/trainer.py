@@ -666,8 +666,8 @@ def _environments(
     if environment_factory is None and not tools:
         if harness_session_factory is None:
             raise TypeError(
-                "HarnessAsyncGRPOTrainer needs harness_session_factory (an agent runs each rollout) or "
-                "environment_factory= / tools= (the built-in tool loop runs it)"
+                "HarnessAsyncGRPOTrainer needs harness_session_factory (an agent runs each rollout), "
+                "environment_factory= / tools= (the built-in tool loop runs it) or rollout_func= (your function does)"
             )
         return None
     if harness_session_factory is not None or harness_adapter is not None:

@@ -206,5 +206,5 @@ def test_rollout_func_comes_alone_and_needs_prompts(tmp_path: Path) -> None:
         HarnessAsyncGRPOTrainer(MODEL, args=_args(tmp_path), train_dataset=[{"task": "x"}], rollout_func=rollout)
     with pytest.raises(TypeError, match="callable"):
         HarnessAsyncGRPOTrainer(MODEL, args=_args(tmp_path), train_dataset=DATASET, rollout_func="f")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"harness_session_factory \(or a rollout_func\)"):
+    with pytest.raises(TypeError, match=r"or rollout_func= \(your function does\)"):
         HarnessAsyncGRPOTrainer(MODEL, args=_args(tmp_path), train_dataset=DATASET)
