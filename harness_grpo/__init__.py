@@ -24,6 +24,8 @@ _EXPORTS = {
     "SessionContractError": "harness_grpo.session_protocol",
     "VerifyResult": "harness_grpo.session_protocol",
     "RolloutContext": "harness_grpo.rollout_context",
+    "RolloutClient": "harness_grpo.rollout_func",
+    "RolloutFuncTrainer": "harness_grpo.rollout_func",
     "HarnessAdapter": "harness_grpo.white_box",
     "HarnessRunLimits": "harness_grpo.white_box",
     "LocalAgentSessionFactory": "harness_grpo.agent_sessions",
@@ -48,7 +50,9 @@ __all__ = [
     "HarnessSessionFactory",
     "HarnessTurn",
     "LocalAgentSessionFactory",
+    "RolloutClient",
     "RolloutContext",
+    "RolloutFuncTrainer",
     "SessionContractError",
     "TrainerBoundSessionFactory",
     "TrainingTrace",
@@ -64,6 +68,7 @@ if TYPE_CHECKING:
     from harness_grpo.harbor_service_sessions import HarborSessionFactory
     from harness_grpo.outcomes import HarnessRolloutOutcome, HarnessTurn
     from harness_grpo.rollout_context import RolloutContext
+    from harness_grpo.rollout_func import RolloutClient, RolloutFuncTrainer
     from harness_grpo.session_protocol import (
         HarnessSession,
         HarnessSessionFactory,

@@ -22,6 +22,11 @@ then binds its proxy (``bind_rollout``)::
 
     factory = functools.partial(LocalAgentSessionFactory, command=[...], verifier=my_verifier)
     factory = functools.partial(CLIAgentSessionFactory, agent="opencode", verifier=my_verifier)
+
+Outside our trainer (TRL's ``HarnessRolloutWorker``, which builds the factory with ``sampling=`` and calls
+``create(prompt, seed=, episode_id=)`` and ``wait_for_completion()`` without a timeout), add
+``rollout_context=RolloutContext(ProxyEndpoint(proxy_url, admin_key))`` and, for a bound on each agent run,
+``agent_timeout_s``. The factories pickle (module-level ``verifier`` and ``setup`` assumed).
 """
 
 from __future__ import annotations
@@ -75,7 +80,10 @@ class ProcessSession:
             raise
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
-        """Run the agent to its end (blocking); its exit status. ``TimeoutError`` when killed at ``timeout_s``."""
+        """Run the agent to its end (blocking); its exit status. ``TimeoutError`` when killed at ``timeout_s``
+        (None: the factory's ``agent_timeout_s``)."""
+        if timeout_s is None:
+            timeout_s = self._factory.agent_timeout_s
         self.result = self._factory.execute(self, timeout_s)
         if self.result.timed_out:
             raise TimeoutError(f"{self._factory.name} did not finish within {timeout_s} s")
@@ -102,7 +110,8 @@ class ProcessSessionFactory(BoundSessionFactory, abc.ABC):
     A subclass says how the agent runs (``execute``), its ``name`` (sandbox prefix, error messages) and what
     it adds to the proxy session's ``metadata``. ``make_sandbox`` is where each session's ``Sandbox`` comes
     from (another backend overrides it); ``workdir_root`` is where temp-dir sandboxes are made (default: the
-    system's temporary directory).
+    system's temporary directory). ``rollout_context`` binds a proxy when no trainer of ours will
+    (``BoundSessionFactory``); ``agent_timeout_s`` bounds an agent run whose caller gives no timeout.
     """
 
     name = "agent"
@@ -114,11 +123,15 @@ class ProcessSessionFactory(BoundSessionFactory, abc.ABC):
         sampling: dict[str, Any],
         setup: Setup | None = None,
         workdir_root: str | None = None,
+        rollout_context: RolloutContext | None = None,
+        agent_timeout_s: float | None = None,
     ) -> None:
         self.verifier = verifier
         self.setup = setup
         self.sampling = dict(sampling)
         self.workdir_root = workdir_root
+        self.agent_timeout_s = agent_timeout_s
+        self.bind_standalone(rollout_context, self.sampling)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -151,8 +164,17 @@ class LocalAgentSessionFactory(ProcessSessionFactory):
         setup: Setup | None = None,
         env: Mapping[str, str] | None = None,
         workdir_root: str | None = None,
+        rollout_context: RolloutContext | None = None,
+        agent_timeout_s: float | None = None,
     ) -> None:
-        super().__init__(verifier=verifier, sampling=sampling, setup=setup, workdir_root=workdir_root)
+        super().__init__(
+            verifier=verifier,
+            sampling=sampling,
+            setup=setup,
+            workdir_root=workdir_root,
+            rollout_context=rollout_context,
+            agent_timeout_s=agent_timeout_s,
+        )
         self.command = list(command)
         self.env = dict(env or {})
 
@@ -190,11 +212,20 @@ class CLIAgentSessionFactory(ProcessSessionFactory):
         setup: Setup | None = None,
         system_prompt: str | None = None,
         workdir_root: str | None = None,
+        rollout_context: RolloutContext | None = None,
+        agent_timeout_s: float | None = None,
     ) -> None:
         get_agent(agent)
         if agent_binary(agent) is None:
             raise FileNotFoundError(f"{agent} is not installed; run launchers/install_agents.sh")
-        super().__init__(verifier=verifier, sampling=sampling, setup=setup, workdir_root=workdir_root)
+        super().__init__(
+            verifier=verifier,
+            sampling=sampling,
+            setup=setup,
+            workdir_root=workdir_root,
+            rollout_context=rollout_context,
+            agent_timeout_s=agent_timeout_s,
+        )
         self.agent = self.name = agent
         self.system_prompt = system_prompt
 

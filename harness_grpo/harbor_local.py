@@ -110,15 +110,23 @@ exec "$python" -I -S -c "$0"
 """
 
 # The anchor as pid 1: enters a new user namespace (no exec after it, so it keeps its capabilities there),
-# asks for the uid map, becomes the sandbox's root (nothing more), reaps orphans forever.
+# asks for the uid map, becomes the sandbox's root (nothing more), reaps orphans until its stdin ends.
+# Its stdin is a pipe from the process that started it: EOF means that process is gone (even by SIGKILL,
+# when no stop() ran), and the anchor's exit takes the whole PID namespace with it. The parent-death signal
+# cannot do this: the credential change clears it.
 _ANCHOR_INIT = r"""
-import os, signal, sys
+import os, signal, sys, threading
 os.unshare(os.CLONE_NEWUSER)
 sys.stdout.write("map\n"); sys.stdout.flush()
 if sys.stdin.readline().strip() != "go":
     sys.exit(1)
 os.setgroups([]); os.setresgid(0, 0, 0); os.setresuid(0, 0, 0)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+def exit_when_the_owner_is_gone():
+    while os.read(0, 4096):
+        pass
+    os._exit(0)
+threading.Thread(target=exit_when_the_owner_is_gone, daemon=True).start()
 sys.stdout.write("ready\n"); sys.stdout.flush()
 while True:
     signal.sigwait({signal.SIGCHLD})

@@ -339,7 +339,8 @@ class HarborTrialSessionFactory(BoundSessionFactory):
     ``openai/<served name>``). ``max_input_tokens``/``max_output_tokens`` are terminus-2's ``model_info``.
     ``trials_dir`` keeps each trial's Harbor directory (default: a temporary one per session, removed when it
     closes). ``trial_grace_s`` bounds what a trial may take beyond its agent's timeout (environment start,
-    verifier) and how long ``close`` waits for a cancelled trial.
+    verifier) and how long ``close`` waits for a cancelled trial. ``rollout_context`` binds a capture proxy when no
+    trainer of ours will (TRL's ``HarnessRolloutWorker``; see ``BoundSessionFactory``); the factory pickles.
     """
 
     def __init__(
@@ -360,6 +361,7 @@ class HarborTrialSessionFactory(BoundSessionFactory):
         max_output_tokens: int = 4096,
         trials_dir: str | Path | None = None,
         trial_grace_s: float = 900.0,
+        rollout_context: RolloutContext | None = None,
     ) -> None:
         self.harness = harness
         self.sampling = dict(sampling)
@@ -385,6 +387,17 @@ class HarborTrialSessionFactory(BoundSessionFactory):
                 f"sandbox {sandbox!r} runs {harness} on another machine, where 127.0.0.1 is not the proxy: "
                 "pass proxy_url, an address of the proxy that machine reaches"
             )
+        self._lookup_lock = threading.Lock()
+        self.bind_standalone(rollout_context, self.sampling)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the lookup lock (a spawned worker process gets a new one)."""
+        state = dict(self.__dict__)
+        del state["_lookup_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
         self._lookup_lock = threading.Lock()
 
     def _check_harness(self) -> bool:

@@ -27,6 +27,9 @@ Anchor and importance sampling (`LossConfig.importance_sampling`, REFERENCE §6.
     corrects the engine/trainer mismatch (and staleness) token by token:
       token_tis:  is_t = min(rho_t, cap)                     (truncated IS, cap default 2)
       token_mask: is_t = 1 if 1/cap <= rho_t <= cap else 0   (icepop-style mask, [0.5, 2] at cap 2)
+    A `floor` (TRL's `vllm_importance_sampling_clip_min`) replaces the lower bound: token_tis clips
+    rho_t up to it, token_mask keeps [floor, cap] (floor 0: only the cap, TRL's token_mask default).
+    `cap` may be inf (no upper bound).
     When `old_logprobs` is None the current logprobs, detached, stand in for pi_old. That is exact
     when each batch is used for one optimizer step (the weights have not moved since the engine
     version was synced, so the first forward IS pi_old) and saves a forward pass; pass
@@ -44,7 +47,7 @@ combines micro-batches by token count):
   rho = exp(trainer - behaviour); trainer = old_logprobs, else the current logprobs),
   mismatch/ratio_mean, mismatch/ratio_max, mismatch/tis_clipped_frac (tokens whose IS weight the
   correction changed: rho > cap for token_tis and "off" — there, what it would clip —, rho outside
-  [1/cap, cap] for token_mask), num_tokens.
+  [1/cap, cap] for token_mask, below the floor too when one is set), num_tokens.
 """
 
 from __future__ import annotations
@@ -74,12 +77,15 @@ class LossConfig:
     importance_sampling: ImportanceSampling = "off"
     is_cap: float = 2.0
     beta: float = 0.0
+    is_floor: float | None = None  # None: none for token_tis, 1/is_cap for token_mask
 
     def __post_init__(self) -> None:
         if self.importance_sampling not in ("token_tis", "token_mask", "off"):
             raise ValueError(f"importance_sampling must be token_tis, token_mask or off: {self.importance_sampling!r}")
         if not self.is_cap > 1.0:
             raise ValueError("is_cap must be > 1")
+        if self.is_floor is not None and not 0.0 <= self.is_floor < self.is_cap:
+            raise ValueError("is_floor must be >= 0 and below is_cap")
         if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0) or self.beta < 0:
             raise ValueError("epsilon, epsilon_high and beta must be >= 0")
 
@@ -201,10 +207,12 @@ def grpo_loss(
     else:
         anchor = trainer
         if config.importance_sampling == "token_tis":
-            is_weight = rho.clamp(max=cap)
-            is_changed = rho > cap
+            floor = config.is_floor
+            is_weight = rho.clamp(min=floor, max=cap)
+            is_changed = (rho > cap) if floor is None else (rho > cap) | (rho < floor)
         else:
-            is_changed = (rho < 1.0 / cap) | (rho > cap)
+            floor = 1.0 / cap if config.is_floor is None else config.is_floor
+            is_changed = (rho < floor) | (rho > cap)
             is_weight = (~is_changed).float()
 
     ratio = torch.exp(torch.where(trained, logprobs - anchor, zero))

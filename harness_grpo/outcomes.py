@@ -13,7 +13,10 @@
     timed_out           the agent was stopped at the rollout timeout (tokens and reward kept)
 
 Ours, beside them: ``training_trace`` (the whole ``TrainingTrace``), ``error`` (why the rollout is
-unscorable), ``exit_code``, ``metrics`` (the verifier's), ``tool_latency_s`` (white-box only).
+unscorable), ``exit_code``, ``metrics`` (the verifier's), ``tool_latency_s`` (white-box only),
+``extra_fields`` (what a ``rollout_func`` returned beside its reward and ids),
+``episode`` (the built-in tool loop's ``harness_grpo.tool_loop.Episode``: prompt, completion
+messages, environment instance, per-call counts; None for agents and ``harness_adapter``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class HarnessRolloutOutcome:
     exit_code: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     tool_latency_s: list[tuple[str, float]] = field(default_factory=list)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+    episode: Any = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ agent's model client sends, so every call it makes lands in that session.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -103,17 +104,33 @@ class ProxySessionLease:
 
 class BoundSessionFactory:
     """The shared part of our ``TrainerBoundSessionFactory``s: the bound context, and ``create(prompt)``
-    (what a third-party caller such as TRL's worker uses) as a row holding only the prompt."""
+    (what a third-party caller such as TRL's ``HarnessRolloutWorker`` uses) as a row holding only the prompt.
+
+    Outside our trainer nobody calls ``bind_rollout``: such a caller builds the factory with
+    ``rollout_context=RolloutContext(ProxyEndpoint(proxy_url, admin_key), ...)`` (a capture proxy it started,
+    ``python -m proxy``), whose ``sampling`` is replaced by the factory's own (the policy the caller passed).
+    A context ``bind_rollout`` gives later wins. Factories hold no live client, so they pickle (TRL's worker runs
+    them in a spawned process).
+    """
 
     context: RolloutContext | None = None
+
+    def bind_standalone(self, rollout_context: RolloutContext | None, sampling: dict[str, Any]) -> None:
+        """Bind ``rollout_context`` (when given) with ``sampling`` as its policy: a factory no trainer of ours binds."""
+        if rollout_context is not None:
+            self.context = dataclasses.replace(rollout_context, sampling=dict(sampling))
 
     def bind_rollout(self, context: RolloutContext) -> None:
         self.context = context
 
     def bound_context(self) -> RolloutContext:
-        """The context ``bind_rollout`` gave; ``RuntimeError`` before the trainer bound the factory."""
+        """The context bound so far; ``RuntimeError`` saying how to bind one when there is none."""
         if self.context is None:
-            raise RuntimeError(f"{type(self).__name__} is not bound to a proxy: the trainer calls bind_rollout first")
+            raise RuntimeError(
+                f"{type(self).__name__} is not bound to a proxy: our trainer calls bind_rollout; any other caller "
+                "(TRL's HarnessRolloutWorker) builds it with rollout_context=RolloutContext(ProxyEndpoint(url, "
+                "admin_key)) of a running capture proxy (python -m proxy)"
+            )
         return self.context
 
     def create(self, prompt: Any, seed: int | None = None, episode_id: str | None = None) -> Any:

@@ -188,6 +188,8 @@ def run_rollout(
             exit_code=exit_code,
             metrics=dict(getattr(verdict, "metrics", None) or {}),
             tool_latency_s=list(report.latency_s) if report is not None else [],
+            extra_fields=dict(getattr(session, "extra_fields", None) or {}),  # a rollout_func's output
+            episode=getattr(session, "tool_loop_episode", None),
         )
     finally:
         if live is not None:

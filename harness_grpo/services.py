@@ -6,7 +6,8 @@
   engine URL (``vllm_server_base_url``: a vLLM server, or our engine in another process);
 - the capture proxy, only when the session factory runs its sessions against the trainer's own
   proxy (a ``TrainerBoundSessionFactory``), on ``proxy_host:proxy_port`` (the trainer reaches a wildcard
-  bind on 127.0.0.1); a third-party factory brings its own rollout side;
+  bind on 127.0.0.1), or, with ``proxy_base_url``, a proxy running elsewhere (``external_proxy``: its
+  admin key from ``HARNESS_PROXY_ADMIN_KEY``); a third-party factory brings its own rollout side;
 - the weight sync, unless one was injected: ``weight_sync_for`` (in-process to the embedded
   engine; with a URL, NCCL to vLLM or HTTP to our engine, as the engine's ``/v1/models`` says).
 
@@ -16,7 +17,11 @@ after a failed start, and never leaves a thread or a server behind.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +31,21 @@ from harness_grpo.engine.server import EngineServer
 from harness_grpo.rollout_context import ProxyEndpoint
 from harness_grpo.service_loop import ServiceLoop
 from harness_grpo.weight_transports import WeightSync, weight_sync_for
+from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.server import CaptureProxy, ProxyConfig
 
+PROXY_ADMIN_KEY_ENV = "HARNESS_PROXY_ADMIN_KEY"
 
-class EngineNotTokenExact(RuntimeError):
+
+class ServicesError(RuntimeError):
+    """The run's services cannot start; the message says what to fix."""
+
+
+class EngineUnreachable(ServicesError):
+    """The engine at ``vllm_server_base_url`` does not answer."""
+
+
+class EngineNotTokenExact(ServicesError):
     """The engine does not return what training needs: exact token ids and processed logprobs."""
 
 
@@ -86,7 +102,9 @@ class TrainerServices:
                     None, engine=self.engine, timeout_s=timeout_s, initial_version=version, is_main=True
                 )
         self.engine_url = url
-        if needs_proxy:
+        if needs_proxy and args.proxy_base_url is not None:
+            self.proxy_endpoint = external_proxy(args)
+        elif needs_proxy:
             journal = Path(args.output_dir) / "proxy_journal"
             shutil.rmtree(journal, ignore_errors=True)  # an earlier run's sessions: their rollouts were discarded
             config = ProxyConfig(engine_url=url, journal_dir=journal, host=args.proxy_host, port=args.proxy_port)
@@ -102,6 +120,24 @@ class TrainerServices:
                     "serve vLLM with --logprobs-mode processed_logprobs (it returns token ids on request), "
                     "or leave vllm_server_base_url unset for the embedded engine"
                 )
+
+    def engine_weight_version(self) -> int | None:
+        """The weight version an external engine reports on ``GET /health`` (the embedded engine's server
+        does; vLLM does not: None). None for an engine this run started, or on ranks other than 0."""
+        if self.engine is not None or self.engine_url is None:
+            return None
+        try:
+            with urllib.request.urlopen(f"{self.engine_url.rstrip('/')}/health", timeout=30) as response:
+                body = response.read()
+        except urllib.error.HTTPError:  # it answers, but not with our engine's health
+            return None
+        except OSError as exc:
+            raise EngineUnreachable(f"the engine at {self.engine_url} does not answer GET /health: {exc}") from None
+        try:
+            version = json.loads(body).get("weight_version") if body else None
+        except (ValueError, AttributeError):
+            return None
+        return version if isinstance(version, int) else None
 
     def stop(self) -> None:
         """Stop whatever was started, also after a partial start."""
@@ -119,3 +155,30 @@ class TrainerServices:
             if self.loop is not None:
                 self.loop.close()
             self.loop = None
+
+
+def external_proxy(args: HarnessGRPOConfig) -> ProxyEndpoint:
+    """The running proxy at ``args.proxy_base_url``, checked before any rollout: it answers, takes the admin key
+    (``HARNESS_PROXY_ADMIN_KEY``), and opens a train session, which it does only for a token-exact engine."""
+    url = str(args.proxy_base_url).rstrip("/")
+    if args.vllm_server_base_url is None:
+        raise ServicesError(
+            f"proxy_base_url={url} needs vllm_server_base_url: the engine that proxy forwards to, which the trainer "
+            "pushes its weights to (an in-process engine would be one the proxy cannot reach)"
+        )
+    key = os.environ.get(PROXY_ADMIN_KEY_ENV)
+    if not key:
+        raise ServicesError(f"proxy_base_url={url}: set {PROXY_ADMIN_KEY_ENV} to that proxy's admin key")
+    admin = ProxyAdminClient(url, key, timeout_s=60)
+    try:
+        probe = admin.create_session(
+            purpose="train", sampling=dict(args.sampling_policy()), metadata={"probe": "trainer start"}
+        )
+    except ProxyClientError as exc:
+        if exc.status == 401:
+            raise ServicesError(f"the proxy at {url} refused {PROXY_ADMIN_KEY_ENV}: {exc}") from None
+        if exc.status == 400 and "tier" in str(exc):
+            raise EngineNotTokenExact(f"the proxy at {url} cannot open train sessions: {exc}") from None
+        raise ServicesError(f"the proxy at {url} cannot open sessions: {exc}") from None
+    admin.delete(probe.session_id)
+    return ProxyEndpoint(url, key)

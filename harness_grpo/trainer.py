@@ -8,11 +8,14 @@ block on worker threads. Sessions reach the model only through a capture proxy.
 The session factory is built once, at construction, as TRL builds it:
 ``harness_session_factory(sampling=policy)`` (``harness_grpo.session_protocol``); the trainer then
 calls ``factory.create(row["prompt"], seed=..., episode_id=...)`` per rollout, or, for its own
-trainer-bound factories, ``bind_rollout(context)`` once and ``create_from_row(row, ...)``.
+trainer-bound factories, ``bind_rollout(context)`` once and ``create_from_row(row, ...)``. With
+``environment_factory`` or ``tools`` instead, the trainer's own factory runs the built-in tool loop
+(``harness_grpo.tool_loop``) through the same proxy.
 
 A step: take ``groups_per_step`` complete groups (dropping groups more than ``max_staleness``
-policy versions old, counted); score each rollout with ``rollout_reward_fn(outcome)`` (default: the
-verifier's ``env_reward``; a rollout that failed to run is None, i.e. unscorable); group advantages
+policy versions old, counted); score the rollouts (``harness_grpo.reward_funcs``: ``reward_funcs``,
+environments' ``get_reward``, ``rollout_reward_fn(outcome)`` or by default the verifier's
+``env_reward``; a rollout that failed to run is None, i.e. unscorable); group advantages
 with None excluded; rows from each scored rollout's trace along the capture graph the proxy built
 (``sequences_from_trace`` → ``rollout_rows``); pack; clipped surrogate + token IS; one optimizer
 step; every ``weight_sync_steps`` push the weights to the engine and bump the policy version.
@@ -44,7 +47,6 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainerCallback
 from transformers.integrations import get_reporting_integration_callbacks
@@ -53,6 +55,7 @@ from transformers.utils import logging as hf_logging
 
 from harness_grpo.advantages import group_advantages, group_metrics
 from harness_grpo.checkpoints import HarnessTrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from harness_grpo.completion_log import log_episodes
 from harness_grpo.config import HarnessGRPOConfig
 from harness_grpo.distributed import (
     broadcast_from_main,
@@ -63,17 +66,21 @@ from harness_grpo.distributed import (
     shard_rows,
 )
 from harness_grpo.engine.embedded import resolve_model
+from harness_grpo.environments import EnvironmentFactory, Environments
 from harness_grpo.hub import HubPusher
 from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
+from harness_grpo.reward_funcs import RewardFunc, RewardFunctions
 from harness_grpo.rollout_context import RolloutContext
+from harness_grpo.rollout_func import RolloutFunc, rollout_func_factory
 from harness_grpo.rollout_log import ROLLOUT_LOG, append_rollouts
-from harness_grpo.rollout_metrics import outcome_metrics
+from harness_grpo.rollout_metrics import outcome_metrics, reward_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer
 from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
 from harness_grpo.services import TrainerServices
 from harness_grpo.session_protocol import TrainerBoundSessionFactory, check_factory
+from harness_grpo.tool_loop import ToolLoopSessionFactory
 from harness_grpo.training_args import (
     accelerator_kwargs,
     check_training_args,
@@ -113,17 +120,25 @@ class HarnessAsyncGRPOTrainer:
     ``harness_session_factory``: called once as ``harness_session_factory(sampling=policy)``; what it
     returns has ``create(prompt, seed=..., episode_id=...)`` (``harness_grpo.session_protocol``), e.g.
     OpenEnv's ``HarborSessionFactory`` or ``functools.partial(LocalAgentSessionFactory, command=[...],
-    verifier=...)``.
+    verifier=...)``. Not given with ``environment_factory`` / ``tools``.
     ``args``: ``HarnessGRPOConfig``. ``train_dataset``: rows with a ``prompt`` (a string or a message
-    list); other columns reach trainer-bound factories. Rows are walked in order, ``num_train_epochs``
-    times when ``max_steps`` is not set.
+    list); other columns reach trainer-bound factories, environments' ``reset`` and reward functions.
+    Rows are walked in order, ``num_train_epochs`` times when ``max_steps`` is not set.
     ``rollout_reward_fn``: ``HarnessRolloutOutcome -> float | None``; default: the verifier's ``env_reward``.
     ``harness_adapter``: None for loop-owning agents; else the white-box tool loop that runs each
     rollout through the proxy (``harness_grpo.white_box``), the factory's sessions being its environment.
+    ``reward_funcs``: TRL's reward functions, one or a list, weighted by ``args.reward_weights``; with a
+    session factory they add to its verifier reward (``harness_grpo.reward_funcs``).
+    ``environment_factory`` (a class or callable, or a dict of them keyed by the rows' ``environment``)
+    and ``tools`` (functions): the built-in tool loop, TRL's ``environment_factory`` contract
+    (``harness_grpo.environments``, ``harness_grpo.tool_loop``); rewards come from ``reward_funcs``,
+    environments' ``get_reward`` or ``rollout_reward_fn``.
     ``processing_class``: the tokenizer (default: the model's). ``callbacks``: ``TrainerCallback``s
     (classes or instances), after transformers' ``DefaultFlowCallback`` and the ``report_to`` ones.
     ``weight_sync``: the weight transport (``harness_grpo.weight_transports``); default: in-process to the
     embedded engine, or chosen from the engine at ``vllm_server_base_url``.
+    ``rollout_func``: TRL's ``rollout_func(prompts, trainer) -> dict``, instead of a session factory: it owns
+    generation (through the trainer's proxy) and the environment (``harness_grpo.rollout_func``).
 
     Several processes (``accelerate launch`` with FSDP2 or DDP, or ``torchrun``): rank 0 runs the
     services and rollouts and broadcasts each step's rows; every rank trains on its share and takes
@@ -133,16 +148,24 @@ class HarnessAsyncGRPOTrainer:
     def __init__(
         self,
         model: str | PreTrainedModel,
-        harness_session_factory: Callable[..., Any],
+        harness_session_factory: Callable[..., Any] | None = None,
         args: HarnessGRPOConfig | None = None,
         train_dataset: Sequence[dict[str, Any]] | None = None,
         rollout_reward_fn: RewardFn | None = None,
         harness_adapter: HarnessAdapter | None = None,
         *,
+        reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+        environment_factory: EnvironmentFactory | dict[str, EnvironmentFactory] | None = None,
+        tools: list[Callable[..., Any]] | None = None,
         processing_class: Any = None,
         callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
         weight_sync: WeightSync | None = None,
+        rollout_func: RolloutFunc | None = None,
     ) -> None:
+        if isinstance(harness_session_factory, HarnessGRPOConfig):
+            raise TypeError(
+                "the second positional argument is harness_session_factory; pass args=..., train_dataset=... by keyword"
+            )
         if args is None:
             name = model if isinstance(model, str) else getattr(model, "name_or_path", "model")
             args = HarnessGRPOConfig(output_dir=f"{str(name).rstrip('/').split('/')[-1]}-HarnessGRPO")
@@ -160,17 +183,46 @@ class HarnessAsyncGRPOTrainer:
                 f"weight_sync {type(weight_sync).__name__} is not a WeightSync: missing {', '.join(missing)}"
             )
         self.sampling = args.sampling_policy()
-        factory = harness_session_factory(sampling=dict(self.sampling))
-        check_factory(factory, harness_session_factory)
-        if harness_adapter is not None:
-            factory = WhiteBoxSessionFactory(factory, harness_adapter, max_turns=args.max_tool_calling_iterations or 8)
+        if rollout_func is not None:
+            if environment_factory is not None or tools:
+                raise ValueError(
+                    "rollout_func owns generation and the environment: it cannot be combined with "
+                    "environment_factory or tools"
+                )
+            self.environments = None
+            factory = rollout_func_factory(
+                rollout_func,
+                self,
+                harness_session_factory=harness_session_factory,
+                harness_adapter=harness_adapter,
+                needs_env_reward=rollout_reward_fn is None and not reward_funcs,
+            )
+            if "prompt" not in train_dataset[0]:
+                raise ValueError("train_dataset rows need a 'prompt' column: rollout_func gets the rows' prompts")
+        else:
+            self.environments = _environments(harness_session_factory, harness_adapter, environment_factory, tools)
+            if self.environments is not None:
+                self.environments.check_rows(train_dataset)
+                factory = None  # built once the tokenizer is loaded: the tool loop counts tokens with it
+            else:
+                factory = harness_session_factory(sampling=dict(self.sampling))
+                check_factory(factory, harness_session_factory)
+        if harness_adapter is not None and rollout_func is None:
+            factory = WhiteBoxSessionFactory(
+                factory,
+                harness_adapter,
+                max_turns=args.max_tool_calling_iterations or 8,
+                chat_template_kwargs=args.chat_template_kwargs,
+            )
         self.session_factory = factory
         self.harness_adapter = harness_adapter
-        self.uses_own_proxy = isinstance(factory, TrainerBoundSessionFactory)
+        self.uses_own_proxy = factory is None or isinstance(factory, TrainerBoundSessionFactory)
         if not self.uses_own_proxy and "prompt" not in train_dataset[0]:
             raise ValueError("train_dataset rows need a 'prompt' column: the session factory creates from it")
         self.train_dataset = train_dataset
-        self.reward_fn = rollout_reward_fn
+        self.rewards = RewardFunctions(
+            reward_funcs, args.reward_weights, rollout_reward_fn=rollout_reward_fn, environments=self.environments
+        )
         self.max_steps = (
             args.max_steps
             if args.max_steps > 0
@@ -184,6 +236,14 @@ class HarnessAsyncGRPOTrainer:
             self.model_path = getattr(model, "name_or_path", None)
         self.tokenizer = processing_class or AutoTokenizer.from_pretrained(self.model_path)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if self.environments is not None:
+            self.session_factory = ToolLoopSessionFactory(
+                self.environments,
+                tokenizer=self.tokenizer,
+                max_tool_calling_iterations=args.max_tool_calling_iterations,
+                max_completion_length=args.max_completion_length,
+                chat_template_kwargs=args.chat_template_kwargs,
+            )
         # Under `accelerate launch` / torchrun this joins the process group and applies the launch's
         # FSDP2 / DDP settings; in one process it only picks the device.
         self.accelerator = Accelerator(**accelerator_kwargs(args))
@@ -200,6 +260,7 @@ class HarnessAsyncGRPOTrainer:
             epsilon_high=args.epsilon_high,
             importance_sampling=args.importance_sampling,
             is_cap=args.importance_sampling_cap,
+            is_floor=args.vllm_importance_sampling_clip_min,
             beta=args.beta,
         )
         self.reference = None
@@ -225,6 +286,7 @@ class HarnessAsyncGRPOTrainer:
         self.injected_weight_sync = weight_sync
         self.services: TrainerServices | None = None
         self._last_logged_step = self._last_saved_step = -1
+        self._episodes_to_log: tuple[list[RolloutGroup], list[list[float | None]]] | None = None
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     @property
@@ -307,7 +369,11 @@ class HarnessAsyncGRPOTrainer:
             if self.hub is not None:
                 self.hub.create_repo()
             self._progress.start()
-            if checkpoint is not None:  # a fresh engine holds the base weights; give it the checkpoint's
+            # A fresh engine holds the base weights, an engine server an earlier run used holds that run's:
+            # either way, give it this run's before any rollout starts.
+            engine_version = self.services.engine_weight_version() if self.is_main else None
+            other_weights = engine_version is not None and engine_version != self.state.policy_version
+            if broadcast_from_main(checkpoint is not None or other_weights):
                 self.state.policy_version = self.weight_sync.sync(self.model)
             self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
             producer = self._start_producer() if self.is_main else None
@@ -371,12 +437,14 @@ class HarnessAsyncGRPOTrainer:
                 timeout_s=args.rollout_timeout_s * 2 + 60,
             )
             self.state.dropped_groups = self._dropped_before + producer.dropped_stale
-            rewards = [[self._reward(o) for o in g.outcomes] for g in groups]  # rollout_reward_fn: once a rollout
+            rewards, columns, logged = self.rewards.score(groups, self.state)  # each reward function: once a step
             rows, metrics = self._rows_and_metrics(groups, rewards)
+            metrics.update(reward_metrics(columns))
+            metrics.update(logged)
             if args.save_rollouts:
                 append_rollouts(Path(args.output_dir) / ROLLOUT_LOG, self.state.global_step + 1, groups, rewards)
             if args.log_completions:
-                self._print_sample(groups)
+                self._episodes_to_log = (groups, rewards)  # printed and reported if this step is logged
             shared = (rows, metrics, max(g.row_index for g in groups) + 1, self.state.dropped_groups)
         rows, metrics, self.state.dataset_position, self.state.dropped_groups = broadcast_from_main(shared)
         metrics.update(self._optimize(rows))
@@ -408,16 +476,11 @@ class HarnessAsyncGRPOTrainer:
             self._save()
         self.control.should_log = self.control.should_save = False
 
-    def _reward(self, outcome: HarnessRolloutOutcome) -> float | None:
-        if outcome.error is not None or outcome.training_trace is None:
-            return None
-        reward = outcome.env_reward if self.reward_fn is None else self.reward_fn(outcome)
-        return None if reward is None or (isinstance(reward, float) and math.isnan(reward)) else float(reward)
-
     def _rows_and_metrics(
         self, groups: list[RolloutGroup], scores: list[list[float | None]]
     ) -> tuple[list[Row], dict[str, float]]:
-        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards), the step's rows, the rollout metrics."""
+        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards), the step's rows, the rollout metrics
+        (those of each reward column come from ``_step``)."""
         args = self.args
         now = time.monotonic()
         rewards: list[float | None] = []
@@ -445,7 +508,7 @@ class HarnessAsyncGRPOTrainer:
                     stats=row_stats,
                 )
         metrics = {
-            **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.reward_fn is not None),
+            **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.rewards.shaped, reward_columns={}),
             **group_metrics(group_stats),
             **row_stats.metrics(),
             "staleness/mean": float(np.mean([self.state.policy_version - g.policy_version for g in groups])),
@@ -552,18 +615,20 @@ class HarnessAsyncGRPOTrainer:
             f"loss {metrics.get('loss', float('nan')):.4f} v{self.state.policy_version} "
             f"{metrics.get('step_time_s', 0.0):.1f}s"
         )
-
-    def _print_sample(self, groups: list[RolloutGroup]) -> None:
-        """One rollout of this step: verifier reward, turns, its last reply (``log_completions``)."""
-        outcome = next((o for g in groups for o in g.outcomes if o.completion), groups[0].outcomes[0])
-        message = outcome.completion[-1] if outcome.completion else {}
-        calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in message.get("tool_calls") or []]
-        reply = repr((message.get("content") or "")[:600]) + (f" calls {calls}" if calls else "")
-        self._progress.console.print(
-            f"[dim]sample of step {self.state.global_step + 1}:[/] env_reward {outcome.env_reward}, "
-            f"{len(outcome.trace)} turns, {outcome.tool_call_count} tool calls"
-            f"{', error ' + escape(outcome.error) if outcome.error else ''}; last reply {escape(reply)}"
-        )
+        if self._episodes_to_log is not None:
+            groups, rewards = self._episodes_to_log
+            self._episodes_to_log = None
+            log_episodes(
+                groups,
+                rewards,
+                step=self.state.global_step,
+                scale_rewards=self.args.scale_rewards,
+                console=self._progress.console,
+                limit=self.args.num_completions_to_print,
+                report_to=self.args.report_to,
+                callbacks=self.callback_handler.callbacks,
+                output_dir=Path(self.args.output_dir),
+            )
 
     def _save(self) -> None:
         """Every rank: write this step's checkpoint; rank 0 pushes it by ``hub_strategy``; then ``on_save``."""
@@ -588,3 +653,27 @@ class HarnessAsyncGRPOTrainer:
 def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for d in dicts for k in d}
     return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in keys}
+
+
+def _environments(
+    harness_session_factory: Any,
+    harness_adapter: Any,
+    environment_factory: EnvironmentFactory | dict[str, EnvironmentFactory] | None,
+    tools: list[Callable[..., Any]] | None,
+) -> Environments | None:
+    """The built-in tool loop's environments when ``environment_factory`` or ``tools`` is given (probed now,
+    so a bad tool fails the construction); None for a session factory. Refuses a mix of the two modes."""
+    if environment_factory is None and not tools:
+        if harness_session_factory is None:
+            raise TypeError(
+                "HarnessAsyncGRPOTrainer needs harness_session_factory (an agent runs each rollout), "
+                "environment_factory= / tools= (the built-in tool loop runs it) or rollout_func= (your function does)"
+            )
+        return None
+    if harness_session_factory is not None or harness_adapter is not None:
+        given = "harness_session_factory" if harness_session_factory is not None else "harness_adapter"
+        raise ValueError(
+            f"{given} and environment_factory/tools are two ways to run rollouts: pass one (reward functions go "
+            "in reward_funcs=, by keyword)"
+        )
+    return Environments(environment_factory, tools)

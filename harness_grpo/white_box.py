@@ -2,12 +2,13 @@
 
 A ``harness_adapter`` turns any session factory into a white-box one. For each rollout the user's
 factory still creates the session (the task's environment and its verifier, from the row's
-``prompt``); instead of waiting for
-an agent, ``WhiteBoxSession.wait_for_completion`` runs ``adapter.run_white_box(model_step, session,
-limits)``, where ``model_step(messages, tools)`` is one chat completion through the proxy under this
-rollout's own session key (REFERENCE §3.1). The trace therefore comes from the same capture path as
-a loop-owning agent's, and rows, loss and metrics need nothing else. The adapter executes tools
-however it likes (an environment class, a sandbox); a failed tool is a tool message saying so.
+``prompt``); instead of waiting for an agent, ``WhiteBoxSession.wait_for_completion`` runs
+``adapter.run_white_box(model_step, session, limits)``, where ``model_step(messages, tools)`` is one
+chat completion through the proxy under this rollout's own session key, rendered with the run's
+``chat_template_kwargs``. The trace therefore comes from the same capture path as a loop-owning
+agent's, and rows, loss and metrics need nothing else. The adapter executes tools however it likes
+(an environment class, a sandbox); a failed tool is a tool message saying so. ``ProxySession`` is the
+part shared with the built-in tool loop (``harness_grpo.tool_loop``).
 
 Limits: ``HarnessRunLimits.max_turns`` model calls at most (also the proxy's call budget), and the
 rollout timeout: ``model_step`` raises ``TimeoutError`` once it has passed, which the trainer counts
@@ -66,66 +67,94 @@ class ToolReport:
     latency_s: list[tuple[str, float]] = field(default_factory=list)
 
 
-class WhiteBoxSession:
-    """One white-box rollout: the user's session plus a proxy session that records the model calls."""
+class ProxySession:
+    """A rollout whose model calls the trainer makes itself, through the capture proxy under the rollout's own key.
 
-    def __init__(
-        self, factory: WhiteBoxSessionFactory, inner: Any, context: RolloutContext, *, seed: int, episode_id: str
-    ) -> None:
-        self.inner = inner
-        self._factory = factory
+    The shared part of the trainer's own loops (``WhiteBoxSession``, ``harness_grpo.tool_loop``):
+    one proxy session (``lease``) per rollout, the rollout's deadline, the trace, the release on close.
+    """
+
+    def __init__(self, context: RolloutContext, metadata: dict[str, Any], *, max_model_calls: int | None) -> None:
         self._context = context
-        self.lease = context.lease(
-            {"episode_id": episode_id, "seed": seed, "mode": "white-box"}, max_model_calls=factory.limits.max_turns
-        )
+        self.lease = context.lease(metadata, max_model_calls=max_model_calls)
         self._deadline: float | None = None
-        self._last_reply: tuple[float, list[str]] | None = None  # when the last reply came, its tool names
         self.tool_report = ToolReport()
 
-    def model_step(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """One chat completion through the proxy as this rollout's session; the assistant message."""
+    def start_clock(self, timeout_s: float | None) -> None:
+        """The rollout's time starts: ``chat_completion`` raises ``TimeoutError`` ``timeout_s`` from now."""
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def chat_completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` (``model`` filled in) to the proxy's chat route as this rollout; the whole reply.
+
+        Raises ``TimeoutError`` once the rollout's time is up, ``ModelStepError`` when the call fails.
+        """
         assert self.lease.key is not None, "the session was closed"
-        now = time.monotonic()
-        if self._last_reply is not None and self._last_reply[1]:
-            replied_at, names = self._last_reply
-            share = (now - replied_at) / len(names)
-            self.tool_report.latency_s += [(name, share) for name in names]
-        timeout = None if self._deadline is None else self._deadline - now
+        timeout = None if self._deadline is None else self._deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             raise TimeoutError("the rollout's time is up")
-        body: dict[str, Any] = {"model": self._context.model_name, "messages": messages}
-        if tools:
-            body["tools"] = tools
         request = urllib.request.Request(
             f"{self._context.proxy.base_url}/v1/chat/completions",
-            data=json.dumps(body).encode(),
+            data=json.dumps({"model": self._context.model_name, **body}).encode(),
             headers={"Authorization": f"Bearer {self.lease.key}", "Content-Type": "application/json"},
             method="POST",
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                reply = json.loads(response.read())
+                return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             raise ModelStepError(f"model call failed: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
         except TimeoutError:
             raise
         except OSError as exc:
             raise ModelStepError(f"model call failed: {exc}") from exc
-        message = reply["choices"][0]["message"]
+
+    def fetch_training_trace(self) -> TrainingTrace:
+        return self.lease.trace()
+
+    def close(self) -> None:
+        self.lease.release()
+
+
+class WhiteBoxSession(ProxySession):
+    """One white-box rollout: the user's session plus a proxy session that records the model calls."""
+
+    def __init__(
+        self, factory: WhiteBoxSessionFactory, inner: Any, context: RolloutContext, *, seed: int, episode_id: str
+    ) -> None:
+        super().__init__(
+            context,
+            {"episode_id": episode_id, "seed": seed, "mode": "white-box"},
+            max_model_calls=factory.limits.max_turns,
+        )
+        self.inner = inner
+        self._factory = factory
+        self._last_reply: tuple[float, list[str]] | None = None  # when the last reply came, its tool names
+
+    def model_step(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One chat completion through the proxy as this rollout's session; the assistant message."""
+        now = time.monotonic()
+        if self._last_reply is not None and self._last_reply[1]:
+            replied_at, names = self._last_reply
+            share = (now - replied_at) / len(names)
+            self.tool_report.latency_s += [(name, share) for name in names]
+        body: dict[str, Any] = {"messages": messages}
+        if tools:
+            body["tools"] = tools
+        if self._factory.chat_template_kwargs:
+            body["chat_template_kwargs"] = self._factory.chat_template_kwargs
+        message = self.chat_completion(body)["choices"][0]["message"]
         names = [(c.get("function") or {}).get("name", "") for c in message.get("tool_calls") or []]
         self._last_reply = (time.monotonic(), names)
         return message
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
-        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.start_clock(timeout_s)
         result = self._factory.adapter.run_white_box(self.model_step, self.inner, self._factory.limits)
         tool_trace = getattr(result, "tool_trace", None)
         if tool_trace is not None:
             self.tool_report.failures = sum(getattr(e.result, "error", None) is not None for e in tool_trace)
         return 0
-
-    def fetch_training_trace(self) -> TrainingTrace:
-        return self.lease.trace()
 
     def verify(self, transcript: Any = None, final_state: Any = None) -> VerifyResult:
         return self.inner.verify(transcript, final_state)
@@ -134,7 +163,7 @@ class WhiteBoxSession:
         try:
             self.inner.close()
         finally:
-            self.lease.release()
+            super().close()
 
 
 class WhiteBoxSessionFactory(BoundSessionFactory):
@@ -144,7 +173,14 @@ class WhiteBoxSessionFactory(BoundSessionFactory):
     the environment session (from the row's prompt, or the whole row if it is trainer-bound too).
     """
 
-    def __init__(self, inner: Any, adapter: HarnessAdapter, *, max_turns: int) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        adapter: HarnessAdapter,
+        *,
+        max_turns: int,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         if not isinstance(adapter, HarnessAdapter):
             raise TypeError(f"{type(adapter).__name__} has no run_white_box(model_step, session, limits)")
         if max_turns < 1:
@@ -152,6 +188,7 @@ class WhiteBoxSessionFactory(BoundSessionFactory):
         self.inner = inner
         self.adapter = adapter
         self.max_turns = max_turns
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.limits = HarnessRunLimits(max_turns=max_turns)
 
     def bind_rollout(self, context: RolloutContext) -> None:

@@ -1,9 +1,29 @@
+# /// script
+# requires-python = ">=3.12"
+# dependencies = [
+#     "torch>=2.9,<=2.14.1",
+#     "transformers>=5.2,<6",
+#     "tokenizers>=0.22",
+#     "accelerate>=1.10",
+#     "datasets>=4",
+#     "huggingface_hub>=1.0",
+#     "pydantic>=2.10,<3",
+#     "aiohttp>=3.11,<4",
+#     "orjson>=3.10",
+#     "filelock>=3.12",
+#     "rich>=13",
+#     "harbor==0.25.0",
+#     "openenv==0.10.0",
+#     "pyyaml>=6",
+# ]
+# ///
 """Train a model with async GRPO on a black-box agent harness: the main job.
 
     .venv/bin/python launchers/train.py                      # CPU default, see below
     .venv/bin/python launchers/train.py --max_steps 50 --report_to tensorboard
     .venv/bin/python launchers/train.py --resume             # continue from the last checkpoint
     .venv/bin/torchrun --nproc_per_node 2 launchers/train.py # two data-parallel ranks (CPU: DDP over gloo)
+    uv run launchers/train.py                                # no venv: uv reads the PEP 723 header above
 
 Every ``HarnessGRPOConfig`` field is a flag (``--learning_rate``, ``--num_generations``,
 ``--vllm_server_base_url`` ...). The defaults are the embedded CPU run: the tiny model after
@@ -77,7 +97,7 @@ from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
 from harness_grpo.harbor_service_sessions import HarborSessionFactory  # noqa: E402
 from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
-from harness_grpo.services import EngineNotTokenExact  # noqa: E402
+from harness_grpo.services import ServicesError  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
 HARNESSES = ("tool-agent", *AGENTS, "terminus-2")
@@ -297,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no checkpoint under {args.output_dir}: starting from step 0")
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    except EngineNotTokenExact as error:
+    except ServicesError as error:
         print(f"cannot start: {error}", file=sys.stderr)
         return 2
     if not trainer.is_main:

@@ -72,8 +72,12 @@ class SamplingPolicy:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SamplingPolicy:
-        """Build from a JSON dict; unknown keys are an error."""
+        """Build from a JSON dict; unknown keys are an error. ``frequency_penalty`` and ``presence_penalty`` may be
+        given as 0 (OpenEnv's ``training_sampling``, hence TRL's harness worker, spells the whole policy out)."""
         data = dict(data or {})
+        for penalty in ("frequency_penalty", "presence_penalty"):
+            if data.pop(penalty, 0.0) != 0.0:
+                raise ValueError(f"training samples the full vocabulary: {penalty} must be 0")
         unknown = set(data) - {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
         if unknown:
             raise ValueError(f"unknown sampling fields: {sorted(unknown)}")

@@ -205,14 +205,22 @@ class EmbeddedEngine:
         self._generator.resume()
 
     def update_weights(
-        self, state_dict: Mapping[str, torch.Tensor], version: int | None = None, timeout_s: float = 300.0
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        version: int | None = None,
+        timeout_s: float = 300.0,
+        *,
+        rebase: bool = False,
     ) -> int:
-        """Copy ``state_dict`` (any subset of the model's names) into the served model; returns the new version."""
+        """Copy ``state_dict`` (any subset of the model's names) into the served model; returns the new version.
+
+        ``version`` must be above the current one, unless ``rebase``: a new run's first push, whose
+        numbering starts again whatever an earlier run left the engine at."""
         check_state_dict(self.model, state_dict)
 
         def apply() -> int:
             new_version = self.weight_version + 1 if version is None else version
-            if new_version <= self.weight_version:
+            if new_version <= self.weight_version and not rebase:
                 raise bad_request(f"version {new_version} is not above the current {self.weight_version}", "version")
             copy_state_dict(self.model, state_dict)
             self.weight_version = new_version

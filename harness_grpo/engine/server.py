@@ -6,8 +6,9 @@ Contract. Routes: ``POST /v1/chat/completions``,
 ``GET /v1/models`` (``max_model_len``, ``weight_version``, and ``owned_by:
 "harness-grpo"``, which tells this engine from vLLM), ``GET /health``
 (``weight_version``, ``paused``), ``POST /pause?mode=keep|wait``,
-``POST /resume``, ``GET /is_paused``, ``POST /update_weights[?version=N]``
-with a safetensors-serialised (partial) state dict as the body. Every error,
+``POST /resume``, ``GET /is_paused``, ``POST /update_weights[?version=N][&rebase=true]``
+with a safetensors-serialised (partial) state dict as the body (``version``
+must rise, unless ``rebase``: a new trainer's first push). Every error,
 including unknown routes and handler bugs, is a JSON ``{"error": {...}}`` with
 its status (``errors.error_body``); the server never dies on a request. The
 event loop never runs model compute: generation waits on the compute thread's
@@ -356,8 +357,11 @@ async def resume(request: web.Request) -> web.Response:
 
 
 async def update_weights(request: web.Request) -> web.Response:
-    """``POST /update_weights[?version=N]`` with a safetensors body; answers the new ``weight_version``."""
+    """``POST /update_weights[?version=N][&rebase=true]`` with a safetensors body; answers the new version."""
     engine = _engine(request)
+    rebase = request.query.get("rebase", "false")
+    if rebase not in ("true", "false"):
+        raise bad_request("'rebase' must be true or false", "rebase")
     if request.content_type == "application/json":
         raise bad_request("send the weights inline as a safetensors body (application/octet-stream)")
     version = request.query.get("version")
@@ -366,7 +370,7 @@ async def update_weights(request: web.Request) -> web.Response:
     body = await _body(request, request.app[SETTINGS_KEY]["control_timeout_s"])
     state_dict = await _in_executor(state_dict_from_safetensors, body)
     new_version = await _in_executor(
-        engine.update_weights,
+        functools.partial(engine.update_weights, rebase=rebase == "true"),
         state_dict,
         None if version is None else int(version),
         request.app[SETTINGS_KEY]["control_timeout_s"],

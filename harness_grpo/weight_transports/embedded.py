@@ -17,7 +17,8 @@ contiguous CPU memory and named like the engine model's ``state_dict()``.
   ``transfer_timeout_s``) → ``POST /resume``. A control call is bounded by
   ``timeout_s``, the best-effort resume after a failure by
   ``cleanup_timeout_s``; the failure's ``WeightSyncError`` says whether that
-  resume worked.
+  resume worked. Its first push says ``rebase=true``: the engine server may
+  have served an earlier run, whose versions this run's numbering restarts.
 
 ``pause(mode="keep")`` freezes in-flight requests, which then finish under
 the new weights: one rollout can mix two policy versions (REFERENCE §1.5).
@@ -113,6 +114,7 @@ class HTTPEmbeddedWeightSync(_StateDictSync):
         _positive(transfer_timeout_s=transfer_timeout_s)
         self.transfer_timeout_s = transfer_timeout_s
         self._http = _ControlClient(base_url)
+        self._pushed = False
 
     @property
     def base_url(self) -> str:
@@ -129,13 +131,14 @@ class HTTPEmbeddedWeightSync(_StateDictSync):
             answer = self._http.call(
                 "POST",
                 "/update_weights",
-                params={"version": str(new_version)},
+                params={"version": str(new_version), "rebase": "false" if self._pushed else "true"},
                 data=body,
                 headers=_OCTET,
                 timeout_s=self.transfer_timeout_s,
             )
             if answer.get("weight_version") != new_version:
                 raise WeightSyncError(f"POST /update_weights answered {answer}, expected weight_version {new_version}")
+            self._pushed = True
         except WeightSyncError as exc:
             raise WeightSyncError(f"{exc} ({self._resume_after_failure()})", exc.status) from exc
         resumed = self._http.call("POST", "/resume", timeout_s=self.timeout_s)

@@ -78,6 +78,14 @@ def test_versions_are_monotonic_and_bad_updates_are_refused(fresh_served, pertur
     assert http.post("/update_weights?version=5", data=save(state), headers=OCTET) == (200, {"weight_version": 5})
     status, error = http.post("/update_weights?version=3", data=save(state), headers=OCTET)
     assert status == 400 and error["error"]["param"] == "version"
+    status, error = http.post("/update_weights?version=3&rebase=yes", data=save(state), headers=OCTET)
+    assert status == 400 and error["error"]["param"] == "rebase"
+    # A new trainer's first push restarts the numbering.
+    assert http.post("/update_weights?version=1&rebase=true", data=save(state), headers=OCTET) == (
+        200,
+        {"weight_version": 1},
+    )
+    assert http.post("/update_weights?version=5", data=save(state), headers=OCTET) == (200, {"weight_version": 5})
     bad_bodies = [
         b"not safetensors",
         save({"no.such.weight": torch.zeros(2)}),

@@ -77,7 +77,7 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path: P
 
 
 @pytest.mark.timeout(600)
-def test_report_to_tensorboard_writes_the_trainer_metrics_and_log_completions_prints_samples(tmp_path: Path) -> None:
+def test_report_to_tensorboard_writes_the_trainer_metrics_and_log_completions_prints_episodes(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
@@ -87,7 +87,7 @@ def test_report_to_tensorboard_writes_the_trainer_metrics_and_log_completions_pr
     )
     text = wait_for_launcher(run, _log_path(out), 500)
     assert run.returncode == 0, text[-4000:]
-    assert text.count("sample of step ") == 2 and "last reply " in text, text[-4000:]
+    assert "─ step 1 g" in text and "─ step 2 g" in text and "[assistant]" in text, text[-4000:]  # whole episodes
     events = list(out.glob("runs/*/events.out.tfevents.*"))
     assert events, f"no tensorboard event file under {out}/runs"
     accumulator = EventAccumulator(str(events[0].parent))
@@ -106,6 +106,7 @@ def test_report_to_tensorboard_writes_the_trainer_metrics_and_log_completions_pr
     ):
         assert name in tags, f"{name} not among {sorted(tags)}"
     assert [event.step for event in accumulator.Scalars("train/reward")] == [1, 2]
+    assert [event.step for event in accumulator.Tensors("completions/text_summary")] == [1, 2]  # the episodes table
 
 
 @pytest.mark.timeout(600)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import http.server
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -202,3 +203,48 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+_KILLED_OWNER = """
+import asyncio, sys
+from pathlib import Path
+from harbor.models.task.config import EnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
+from harness_grpo.harbor_local import LocalEnvironment
+from tests.sandbox.conftest import make_task
+
+async def main(tmp):
+    task = make_task(tmp, "orphan")
+    (tmp / "trial").mkdir()
+    env = LocalEnvironment(environment_dir=task / "environment", environment_name="orphan", session_id="orphan__env",
+                           trial_paths=TrialPaths(trial_dir=tmp / "trial"),
+                           task_env_config=EnvironmentConfig(workdir="/app"), sandbox_dir=str(tmp / "sandboxes"))
+    await env.start(force_build=False)
+    await env.exec("setsid sleep 307 >/dev/null 2>&1 < /dev/null &")
+    print("running", flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def test_a_killed_owner_takes_its_sandboxes_processes_with_it(tmp_path):
+    """SIGKILL to the process that started a sandbox (no stop() runs) still ends every process in it."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_OWNER, str(tmp_path)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "running"
+        assert _processes_running(b"sleep\x00307"), "the sandbox's process did not start"
+    finally:
+        owner.kill()
+        owner.wait(30)
+    deadline = time.monotonic() + 10
+    while _processes_running(b"sleep\x00307") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_running(b"sleep\x00307")
+    assert not _processes_running(str(tmp_path / "sandboxes").encode())  # the sandbox's anchor
+
+
+def _processes_running(needle: bytes) -> list[Path]:
+    return [p for p in Path("/proc").iterdir() if p.name.isdigit() and needle in _cmdline(p)]

@@ -12,6 +12,7 @@ gets only its URL, starts no proxy and no engine, trains two steps and pushes we
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -242,3 +243,13 @@ def test_a_harbor_shaped_factory_trains_with_no_wrapper(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"{engine.url}/health", timeout=30) as response:
             health = json.loads(response.read())
         assert health["weight_version"] == 2, health
+
+        # A second run against the same engine server: the engine holds the first run's weights at version 2,
+        # so the new trainer first gives it its own (its numbering restarts at 1), then trains.
+        second_args = dataclasses.replace(args, output_dir=str(tmp_path / "second"), max_steps=1)
+        second = HarnessAsyncGRPOTrainer(str(model), factory, second_args, dataset, rollout_reward_fn=shaped_reward)
+        second.train()
+        assert [entry["step"] for entry in second.state.log_history] == [1]
+        assert second.state.policy_version == 2  # the sync at start, then the step's
+        with urllib.request.urlopen(f"{engine.url}/health", timeout=30) as response:
+            assert json.loads(response.read())["weight_version"] == 2

@@ -197,6 +197,20 @@ def test_http_sync_against_the_real_engine_server(engine, engine_url, trainer_mo
         assert_engine_holds(engine, trainer_model)
 
 
+def test_a_second_http_transport_restarts_the_numbering_of_an_engine_server(engine, engine_url, trainer_model):
+    """A new run's transport pushes version 1 to an engine server an earlier run left at version 2."""
+    with HTTPEmbeddedWeightSync(engine_url, timeout_s=30) as first:
+        first.sync(trainer_model)
+        first.sync(trainer_model)
+    assert http_get(engine_url + "/health")["weight_version"] == 2
+    perturb(trainer_model, seed=3)
+    with HTTPEmbeddedWeightSync(engine_url, timeout_s=30) as second:
+        assert second.sync(trainer_model) == 1
+        assert second.sync(trainer_model) == 2
+    assert http_get(engine_url + "/health")["weight_version"] == 2
+    assert_engine_holds(engine, trainer_model)
+
+
 def test_http_error_response_raises_and_resumes_the_engine(engine, engine_url, trainer_model, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("boom")
@@ -208,12 +222,16 @@ def test_http_error_response_raises_and_resumes_the_engine(engine, engine_url, t
     assert raised.value.status == 500 and "cleanup: resumed" in str(raised.value)
     assert not engine.paused and sync.version == 0 and engine.weight_version == 0
 
-    # A version the engine already holds is refused by the engine (400), not silently overwritten.
+    # Past a transport's first push (which restarts the numbering), a version the engine already holds is
+    # refused by the engine (400), not silently overwritten.
     monkeypatch.undo()
     assert sync.sync(trainer_model) == 1
-    with HTTPEmbeddedWeightSync(engine_url, timeout_s=30) as second, pytest.raises(WeightSyncError, match="HTTP 400"):
-        second.sync(trainer_model)
-    assert not engine.paused and engine.weight_version == 1
+    with HTTPEmbeddedWeightSync(engine_url, timeout_s=30) as second:
+        assert second.sync(trainer_model) == 1
+        assert second.sync(trainer_model) == 2
+    with pytest.raises(WeightSyncError, match="HTTP 400"):
+        sync.sync(trainer_model)
+    assert not engine.paused and engine.weight_version == 2
     sync.close()
 
 
