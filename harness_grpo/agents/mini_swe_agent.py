@@ -3,8 +3,8 @@
 LiteLLM reaches the proxy at ``OPENAI_API_BASE`` = ``<proxy>/v1``; chat completions. The global config
 dir is under ``home`` and ``MSWEA_CONFIGURED`` skips the first-run wizard; cost tracking ignores the
 unknown model; LiteLLM uses its bundled cost map (no fetch). ``agent.step_limit`` bounds its loop. The
-trajectory goes to ``home/mini.traj.json`` (output ``trajectory``). Its prompts are short already; a
-system prompt replaces its system template.
+trajectory goes to ``home/mini.traj.json`` (output ``trajectory``). A
+system prompt replaces both its templates (system, and the workflow rules around the task).
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from harness_grpo.agents.spec import AgentCommand, AgentLaunch, AgentSpec, Insta
 
 def configure(launch: AgentLaunch) -> AgentCommand:
     trajectory = launch.home / "mini.traj.json"
-    system = [] if launch.system_prompt is None else ["-c", f"agent.system_template={json.dumps(launch.system_prompt)}"]
+    # Its prompt is a system template and an instance template (workflow rules around the task): a system
+    # prompt replaces both, leaving the task alone in the user turn.
+    system = []
+    if launch.system_prompt is not None:
+        system = ["-c", f"agent.system_template={json.dumps(launch.system_prompt)}"]
+        system += ["-c", "agent.instance_template={{task}}"]
     argv = [
         launch.binary,
         "-y",

@@ -23,10 +23,11 @@ TURNS = 4
 
 
 async def _agent(http: aiohttp.ClientSession, url: str, key: str, stream: bool) -> list[bool]:
-    """A tool loop that sends each call back compactly; returns, per turn, whether the model called a tool."""
+    """A tool loop that sends each call back compactly; returns, per turn, whether that changed the call's text
+    (the model's arguments were not already compact), so that re-rendering the history changes its tokens."""
     (prompt,) = heldout_prompts(1, 7, system_chars=0)
     messages: list[dict[str, Any]] = prompt["messages"][:2]
-    called = []
+    reserialised = []
     for turn in range(TURNS):
         body = {
             "model": "m",
@@ -42,7 +43,6 @@ async def _agent(http: aiohttp.ClientSession, url: str, key: str, stream: bool) 
             raw = await resp.read()
         message = _message(raw) if stream else orjson.loads(raw)["choices"][0]["message"]
         calls = message.get("tool_calls") or []
-        called.append(bool(calls))
         sent = [
             {
                 **c,
@@ -53,13 +53,14 @@ async def _agent(http: aiohttp.ClientSession, url: str, key: str, stream: bool) 
             }
             for c in calls
         ]
+        reserialised.append(sent != calls)
         messages.append(
             {"role": "assistant", "content": message.get("content"), **({"tool_calls": sent} if sent else {})}
         )
         messages += [{"role": "tool", "tool_call_id": c["id"], "content": "1 failed, 2 passed"} for c in calls]
         if not calls:
             messages.append({"role": "user", "content": "Go on."})
-    return called
+    return reserialised
 
 
 def _message(stream: bytes) -> dict[str, Any]:
@@ -93,23 +94,26 @@ def test_a_re_serialising_agent_chains_with_the_bridge_and_forks_without(
         try:
             async with aiohttp.ClientSession() as http:
                 for stream in (False, True):
-                    traces, called = {}, {}
+                    traces, reserialised = {}, {}
                     for bridge in (True, False):
                         async with http.post(
                             f"{url}/sessions", json={"bridge": bridge, "sampling": {"temperature": 0.7}}, headers=admin
                         ) as resp:
                             opened = await resp.json()
-                        called[bridge] = await _agent(http, url, opened["api_key"], stream)
+                        reserialised[bridge] = await _agent(http, url, opened["api_key"], stream)
                         async with http.get(f"{url}/sessions/{opened['session_id']}/trace", headers=admin) as resp:
                             traces[bridge] = await resp.read()
-                    assert called[True] == called[False] == [True] * TURNS  # the warm model calls a tool each turn
+                    # Each turn that follows a re-serialised call gets a history the engine did not write.
+                    forced_forks = sum(reserialised[False][:-1])
+                    assert forced_forks >= 1, reserialised  # the warm model called a tool (it does in most turns)
                     rows = {}
                     for bridge, raw in traces.items():
                         OpenEnvTrainingTrace.model_validate_json(raw)
                         trace = TrainingTrace.model_validate_json(raw)
                         assert [t.metadata["bridged"] for t in trace.turns] == [False] + [bridge] * (TURNS - 1)
                         rows[bridge] = sequences_from_trace(trace)
-                    assert len(rows[True]) == 1 and len(rows[False]) == TURNS, (stream, rows)
+                    assert len(rows[True]) == 1, (stream, rows)
+                    assert len(rows[False]) >= 1 + forced_forks, (stream, reserialised, rows)
         finally:
             await proxy.stop()
 

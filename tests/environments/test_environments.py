@@ -299,7 +299,7 @@ def test_the_trainer_refuses_a_bad_environment_before_loading_anything(tmp_path:
         HarnessAsyncGRPOTrainer("tiny", args=_args(tmp_path), train_dataset=rows, environment_factory=Counter)
     with pytest.raises(ValueError, match="pass one"):
         HarnessAsyncGRPOTrainer("tiny", lambda **kw: None, _args(tmp_path), rows, environment_factory=Counter)
-    with pytest.raises(TypeError, match=r"needs harness_session_factory .* or environment_factory"):
+    with pytest.raises(TypeError, match=r"needs harness_session_factory .* environment_factory= .* or rollout_func="):
         HarnessAsyncGRPOTrainer("tiny", args=_args(tmp_path), train_dataset=rows)
     with pytest.raises(TypeError, match=r"pass args=\.\.\., train_dataset=\.\.\. by keyword"):
         HarnessAsyncGRPOTrainer("tiny", _args(tmp_path), rows)  # type: ignore[arg-type]
