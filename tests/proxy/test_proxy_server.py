@@ -266,6 +266,7 @@ def test_sigkill_and_restart_serves_same_traces(tmp_path: Path) -> None:
                 return traces
 
         with ReadyProcess(proxy_cmd, PROXY_READY, timeout_s=30) as proxy:
+            assert "event_loop=uvloop" in proxy.match.string  # the proxy's own loop: half the CPU per call
             sessions, before = asyncio.run(drive(proxy.match.group(1)))
             assert proxy.kill() == -signal.SIGKILL
         with ReadyProcess(proxy_cmd, PROXY_READY, timeout_s=30) as proxy:
