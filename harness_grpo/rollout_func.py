@@ -34,14 +34,12 @@ or a reward for a rollout that made no captured model call, stops training with 
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness_grpo.proxy_chat import post_chat_completion
 from harness_grpo.rollout_context import BoundSessionFactory, RolloutContext
 from harness_grpo.session_protocol import VerifyResult
 from proxy.capture_graph import sequences_from_trace
@@ -51,10 +49,6 @@ RolloutFunc = Callable[[list[Any], Any], Mapping[str, Any]]
 """``rollout_func(prompts, trainer) -> dict`` (TRL's ``RolloutFunc``)."""
 
 TRAINED_KEYS = ("prompt_ids", "completion_ids", "logprobs", "logprob_token_ids", "env_mask")
-
-
-class RolloutClientError(RuntimeError):
-    """A model call through the proxy failed (the HTTP status and the proxy's message)."""
 
 
 @dataclass
@@ -72,28 +66,12 @@ class RolloutClient:
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **body: Any) -> dict:
         """One chat completion; the whole response (``choices[0].message``; with ``return_token_ids=True`` also
-        ``prompt_token_ids`` and ``choices[0].token_ids``). Sampling follows the trainer's policy whatever is sent."""
-        timeout = None if self.deadline is None else self.deadline - time.monotonic()
-        if timeout is not None and timeout <= 0:
-            raise TimeoutError("the rollout's time is up")
+        ``prompt_token_ids`` and ``choices[0].token_ids``). Sampling follows the trainer's policy whatever is
+        sent; a failed call raises ``ModelCallError`` (``harness_grpo.proxy_chat``)."""
         payload = {"model": self.model, "messages": messages, **body}
         if tools:
             payload["tools"] = tools
-        request = urllib.request.Request(
-            f"{self.base_url}/chat/completions",
-            data=json.dumps(payload).encode(),
-            headers={"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise RolloutClientError(f"model call failed: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
-        except TimeoutError:
-            raise
-        except OSError as exc:
-            raise RolloutClientError(f"model call failed: {exc}") from exc
+        return post_chat_completion(self.base_url, self.api_key, payload, self.deadline)
 
 
 class RolloutFuncTrainer:

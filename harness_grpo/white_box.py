@@ -17,14 +17,12 @@ as a timed-out rollout that keeps its tokens and reward.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from harness_grpo.proxy_chat import post_chat_completion
 from harness_grpo.rollout_context import BoundSessionFactory, RolloutContext
 from harness_grpo.rollouts import create_session
 from harness_grpo.session_protocol import TrainerBoundSessionFactory, VerifyResult
@@ -47,10 +45,6 @@ class HarnessAdapter(Protocol):
     """Runs the tool loop of one rollout; returns when the episode is over."""
 
     def run_white_box(self, model_step: ModelStep, session: Any, limits: HarnessRunLimits) -> None: ...
-
-
-class ModelStepError(RuntimeError):
-    """A model call through the proxy failed (the HTTP status and the proxy's message)."""
 
 
 @dataclass
@@ -87,27 +81,11 @@ class ProxySession:
     def chat_completion(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` (``model`` filled in) to the proxy's chat route as this rollout; the whole reply.
 
-        Raises ``TimeoutError`` once the rollout's time is up, ``ModelStepError`` when the call fails.
+        Raises ``TimeoutError`` once the rollout's time is up, ``ModelCallError`` when the call fails.
         """
         assert self.lease.key is not None, "the session was closed"
-        timeout = None if self._deadline is None else self._deadline - time.monotonic()
-        if timeout is not None and timeout <= 0:
-            raise TimeoutError("the rollout's time is up")
-        request = urllib.request.Request(
-            f"{self._context.proxy.base_url}/v1/chat/completions",
-            data=json.dumps({"model": self._context.model_name, **body}).encode(),
-            headers={"Authorization": f"Bearer {self.lease.key}", "Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise ModelStepError(f"model call failed: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
-        except TimeoutError:
-            raise
-        except OSError as exc:
-            raise ModelStepError(f"model call failed: {exc}") from exc
+        body = {"model": self._context.model_name, **body}
+        return post_chat_completion(f"{self._context.proxy.base_url}/v1", self.lease.key, body, self._deadline)
 
     def fetch_training_trace(self) -> TrainingTrace:
         return self.lease.trace()
