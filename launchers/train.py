@@ -10,6 +10,7 @@
 #     "pydantic>=2.10,<3",
 #     "aiohttp>=3.11,<4",
 #     "orjson>=3.10",
+#     "uvloop>=0.21; sys_platform != 'win32'",
 #     "filelock>=3.12",
 #     "rich>=13",
 #     "harbor==0.25.0",

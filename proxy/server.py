@@ -70,7 +70,7 @@ from contextlib import aclosing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import orjson
@@ -764,7 +764,7 @@ class _Refused(asyncio.Protocol):
     """A connection past the cap: a 503, then closed."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        transport = cast(asyncio.WriteTransport, transport)  # uvloop's transports are not asyncio's subclasses
         transport.write(_REFUSED_REPLY)
         transport.close()
 
