@@ -1,5 +1,5 @@
-"""``launchers/train.py`` carries PEP 723 inline metadata, so ``uv run launchers/train.py`` runs it from a checkout
-with no virtualenv: the block parses (the PEP's reference regular expression, then TOML), asks for the project's
+"""``launchers/train.py`` and the ``examples/grpo_<name>`` recipes carry PEP 723 inline metadata, so ``uv run
+launchers/train.py`` runs one from a checkout with no virtualenv: the block parses (the PEP's reference regular expression, then TOML), asks for the project's
 Python, and lists the project's dependencies (``harness_grpo`` is imported from the checkout) and every other
 distribution the script imports itself."""
 
@@ -12,11 +12,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "launchers" / "train.py"
+SCRIPTS = [REPO / "launchers" / "train.py", *sorted(REPO.glob("examples/grpo_*/grpo_*.py"))]
 PEP_723 = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 LOCAL = {"examples", "harness_grpo", "proxy", "launchers", "tests"}
 
@@ -44,13 +45,15 @@ def imported_distributions(path: Path) -> set[str]:
     return {canonicalize_name(providers[module][0]) for module in third_party}
 
 
-def test_train_py_is_a_single_file_uv_script_listing_what_it_needs() -> None:
-    metadata = script_metadata(SCRIPT.read_text())
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_each_script_is_a_single_file_uv_script_listing_what_it_needs(script: Path) -> None:
+    metadata = script_metadata(script.read_text())
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert metadata["requires-python"] == project["requires-python"]
     listed = {canonicalize_name(Requirement(dep).name): str(Requirement(dep)) for dep in metadata["dependencies"]}
     for dep in project["dependencies"]:  # what harness_grpo and proxy import, pinned as the project pins them
         requirement = Requirement(dep)
         assert listed.get(canonicalize_name(requirement.name)) == str(requirement), f"{dep} missing or pinned otherwise"
-    missing = imported_distributions(SCRIPT) - set(listed)
-    assert not missing, f"train.py imports {missing}, not in its PEP 723 dependencies"
+    missing = imported_distributions(script) - set(listed)
+    assert not missing, f"{script.name} imports {missing}, not in its PEP 723 dependencies"
+
