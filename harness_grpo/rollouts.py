@@ -173,6 +173,8 @@ def run_rollout(
             )
         calls, failures, by_name = summarize_tools(turns)
         report = getattr(session, "tool_report", None)
+        if report is not None and report.calls is not None:  # the built-in tool loop knows which calls ran
+            calls, by_name = sum(report.calls.values()), dict(report.calls)
         if report is not None and report.failures is not None:  # a white-box loop knows which calls failed
             failures = report.failures
         env_reward = verdict.env_reward

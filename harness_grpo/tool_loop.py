@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,7 +145,8 @@ def run_tool_loop(
     """
     messages = [dict(m) for m in episode.prompt]
     budget = limits.max_completion_length
-    report.failures = 0
+    ran: Counter[str] = Counter()  # the calls that ran, by tool name
+    report.calls, report.failures = ran, 0
     start: int | None = None  # the first prompt's length
     pending = 0  # tokens after the prompt the next call's prompt will hold: replies and tool results so far
     iterations = 0
@@ -185,6 +187,7 @@ def run_tool_loop(
         episode.parallel_calls.append(len(calls))
         results = [toolbox.call(call) for call in calls]
         for result in results:
+            ran[result.name] += 1
             episode.tool_calls += 1
             episode.tool_failures += result.failed
             episode.unknown_names += result.unknown

@@ -18,6 +18,7 @@ as a timed-out rollout that keeps its tokens and reward.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -49,14 +50,16 @@ class HarnessAdapter(Protocol):
 
 @dataclass
 class ToolReport:
-    """What a white-box loop knows about its tool calls: how many failed, and seconds per call.
+    """What a white-box loop knows about its tool calls: which ran, how many failed, and seconds per call.
 
-    Failures: the calls the harness reported as failed (a ``tool_trace`` entry whose
-    ``result.error`` is set, when ``run_white_box`` returns such a trace; else TRL's keyword rule
-    on the last request applies). Latency: the time between a model reply and the next model
-    request, split evenly over that reply's tool calls (the last reply is unmeasured).
+    Calls: the calls that ran, per tool name (the built-in tool loop's; None: the calls in the trace
+    count, including any in a last reply that never ran). Failures: the calls the harness reported as
+    failed (a ``tool_trace`` entry whose ``result.error`` is set, when ``run_white_box`` returns such a
+    trace; else TRL's keyword rule on the last request applies). Latency: the time between a model reply
+    and the next model request, split evenly over that reply's tool calls (the last reply is unmeasured).
     """
 
+    calls: Counter[str] | None = None
     failures: int | None = None
     latency_s: list[tuple[str, float]] = field(default_factory=list)
 

@@ -127,14 +127,15 @@ def test_a_raising_tool_and_an_unknown_name_are_failures_the_model_reads() -> No
     results = [m["content"] for m in model.requests[1]["messages"] if m["role"] == "tool"]
     assert results == ["{'error': 'the disk is full'}", "{'error': 'Tool erase not found.'}"]
     assert (episode.tool_calls, episode.tool_failures, episode.unknown_names) == (2, 2, 1)
-    assert report.failures == 2
+    assert report.failures == 2 and report.calls == {"fail": 1, "erase": 1}
 
 
 def test_max_tool_calling_iterations_caps_the_rounds_of_tool_calls() -> None:
     always_calls = [reply(call("write", '{"line": "x"}', f"c{i}")) for i in range(5)]
-    episode, model, _ = _run(always_calls, max_iterations=2)
+    episode, model, report = _run(always_calls, max_iterations=2)
     assert len(model.requests) == 3 and episode.environment.lines == ["x", "x"]  # the third reply's call never runs
     assert episode.stop_reason == "max_tool_calling_iterations" and episode.loop_exhausted
+    assert episode.tool_calls == 2 and report.calls == {"write": 2}  # what the metrics count: the calls that ran
     episode, model, _ = _run(always_calls, max_iterations=0)
     assert len(model.requests) == 1 and episode.environment.lines == []
 

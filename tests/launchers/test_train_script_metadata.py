@@ -1,7 +1,7 @@
 """``launchers/train.py`` and the ``examples/grpo_<name>`` recipes carry PEP 723 inline metadata, so ``uv run
-launchers/train.py`` runs one from a checkout with no virtualenv: the block parses (the PEP's reference regular expression, then TOML), asks for the project's
-Python, and lists the project's dependencies (``harness_grpo`` is imported from the checkout) and every other
-distribution the script imports itself."""
+launchers/train.py`` runs one from a checkout with no virtualenv: the block parses (the PEP's reference regular
+expression, then TOML), asks for the project's Python, and lists the project's dependencies (``harness_grpo`` is
+imported from the checkout) and every other distribution the script imports itself."""
 
 from __future__ import annotations
 
@@ -56,4 +56,3 @@ def test_each_script_is_a_single_file_uv_script_listing_what_it_needs(script: Pa
         assert listed.get(canonicalize_name(requirement.name)) == str(requirement), f"{dep} missing or pinned otherwise"
     missing = imported_distributions(script) - set(listed)
     assert not missing, f"{script.name} imports {missing}, not in its PEP 723 dependencies"
-

@@ -8,6 +8,7 @@ import pytest
 
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.rollout_metrics import outcome_metrics
+from harness_grpo.tool_loop import Episode
 
 
 def _o(reward: float | None = 1.0, calls: int = 0, failures: int = 0, **kw: object) -> HarnessRolloutOutcome:
@@ -55,3 +56,22 @@ def test_timeouts_and_latency() -> None:
 def test_an_all_unscorable_step_has_nan_reward_means() -> None:
     metrics = outcome_metrics([[_o(reward=None, error="x")]], [None], shaped=False)
     assert math.isnan(metrics["rewards/harness_reward/mean"]) and metrics["rollout/errors"] == 1.0
+
+
+def _episode(parallel: list[int], unknown: int, stop: str) -> Episode:
+    episode = Episode(None, None, [{"role": "user", "content": "play"}])
+    episode.parallel_calls, episode.unknown_names, episode.stop_reason = parallel, unknown, stop
+    return episode
+
+
+def test_the_tool_loop_metrics_of_a_step() -> None:
+    group = [
+        _o(calls=3, episode=_episode([2, 1], unknown=1, stop="no_tool_call")),
+        _o(calls=4, episode=_episode([1, 1, 1, 1], unknown=0, stop="max_tool_calling_iterations")),
+        _o(calls=0, episode=_episode([], unknown=0, stop="max_completion_length")),
+        _o(calls=1, timed_out=True, episode=_episode([1], unknown=2, stop="timeout")),
+    ]
+    metrics = outcome_metrics([group], [1.0] * 4, shaped=False)
+    assert metrics["tools/unknown_name_count"] == 3.0  # summed over the step
+    assert metrics["tools/parallel_calls_mean"] == pytest.approx(8 / 7)  # per assistant turn that called
+    assert metrics["tools/loop_exhausted_frac"] == 0.75  # every stop but the model's own

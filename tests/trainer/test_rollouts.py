@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from harness_grpo.outcomes import summarize_tools
 from harness_grpo.rollouts import ProducerError, RolloutGroup, RolloutProducer, run_rollout
 from harness_grpo.service_loop import ServiceLoop
 from harness_grpo.session_protocol import SessionContractError, VerifyResult
+from harness_grpo.white_box import ToolReport
 from proxy.capture_graph import CaptureGraph
 from proxy.trace import CaptureContractError, TrainingTrace
 from tests.support.wait import until_blocking
@@ -188,6 +190,18 @@ def test_contract_violation_is_fatal_and_still_closes() -> None:
     with pytest.raises(CaptureContractError):
         run_rollout(Factory(session), ROW, seed=0, timeout_s=1)
     assert session.closed
+
+
+def test_a_loop_that_reports_the_calls_it_ran_is_counted_by_them_not_by_the_trace() -> None:
+    session = Session()  # its trace holds one bash call, which failed
+    session.tool_report = ToolReport(calls=Counter(), failures=0)  # a last reply's call that never ran
+    outcome = run_rollout(Factory(session), ROW, seed=0, timeout_s=1)
+    assert (outcome.tool_call_count, outcome.tool_failure_count, outcome.tool_calls_by_name) == (0, 0, {})
+    session = Session()
+    session.tool_report = ToolReport(calls=Counter(read=2, bash=1), failures=1)
+    outcome = run_rollout(Factory(session), ROW, seed=0, timeout_s=1)
+    assert (outcome.tool_call_count, outcome.tool_failure_count) == (3, 1)
+    assert outcome.tool_calls_by_name == {"read": 2, "bash": 1}
 
 
 def test_summarize_tools_reads_the_last_request() -> None:
