@@ -3,13 +3,15 @@
 ``RolloutContext`` is the explicit channel of ``TrainerBoundSessionFactory.bind_rollout``: a
 third-party factory never sees it. ``ProxySessionLease`` is one rollout's train session on the
 proxy, created with the trainer's sampling policy and budgets; its ``key`` is the API key the
-agent's model client sends, so every call it makes lands in that session.
+agent's model client sends, so every call it makes lands in that session. ``connect_proxy`` checks a capture
+proxy running elsewhere (``python -m proxy``) before the trainer or the rollout service uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +20,16 @@ from typing import Any
 from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.trace import TrainingTrace
 
+PROXY_ADMIN_KEY_ENV = "HARNESS_PROXY_ADMIN_KEY"
+
+
+class ServicesError(RuntimeError):
+    """The run's services cannot start; the message says what to fix."""
+
+
+class EngineNotTokenExact(ServicesError):
+    """The engine does not return what training needs: exact token ids and processed logprobs."""
+
 
 @dataclass(frozen=True)
 class ProxyEndpoint:
@@ -25,6 +37,31 @@ class ProxyEndpoint:
 
     base_url: str  # http://host:port (agents append /v1 or the dialect's path)
     admin_key: str
+
+
+def connect_proxy(
+    url: str, *, sampling: dict[str, Any], name: str, probe: str, llm_url: str | None = None
+) -> ProxyEndpoint:
+    """The running proxy at ``url``, checked before any rollout: it answers, takes the admin key
+    (``HARNESS_PROXY_ADMIN_KEY``), and opens a train session (on ``llm_url``, else its default engine), which it
+    does only for a token-exact engine. ``ServicesError`` (``EngineNotTokenExact``) names ``name``, the setting
+    that gave ``url``, and what to fix; ``probe`` is the probe session's metadata."""
+    url = url.rstrip("/")
+    key = os.environ.get(PROXY_ADMIN_KEY_ENV)
+    if not key:
+        raise ServicesError(f"{name}={url}: set {PROXY_ADMIN_KEY_ENV} to that proxy's admin key")
+    admin = ProxyAdminClient(url, key, timeout_s=60)
+    engine = {"llm_url": llm_url} if llm_url else {}
+    try:
+        session = admin.create_session(purpose="train", sampling=sampling, metadata={"probe": probe}, **engine)
+    except ProxyClientError as exc:
+        if exc.status == 401:
+            raise ServicesError(f"the proxy at {url} refused {PROXY_ADMIN_KEY_ENV}: {exc}") from None
+        if exc.status == 400 and "tier" in str(exc):
+            raise EngineNotTokenExact(f"the proxy at {url} cannot open train sessions: {exc}") from None
+        raise ServicesError(f"the proxy at {url} cannot open sessions: {exc}") from None
+    admin.delete(session.session_id)
+    return ProxyEndpoint(url, key)
 
 
 @dataclass(frozen=True)

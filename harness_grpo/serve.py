@@ -16,13 +16,18 @@ serve`` offers, so any client of that protocol (OpenEnv's ``HarborEnv``, ``Harbo
   ``list_tasks``;
 - the capture proxy on ``--capture-port`` (``python -m proxy``'s service: a session per rollout whose key is its
   agent's API key, unknown keys refused, the session routes behind the admin key, ``$HARNESS_PROXY_ADMIN_KEY`` or
-  ``$OPENENV_CAPTURE_ADMIN_KEY`` else minted).
+  ``$OPENENV_CAPTURE_ADMIN_KEY`` else minted); or, with ``--proxy-base-url``, none: a capture proxy running alone
+  (``python -m proxy``) holds the sessions, its admin key ``$HARNESS_PROXY_ADMIN_KEY``, checked before the service
+  serves (a missing or refused key, or a proxy that cannot open a train session, exits 2 saying so); the local
+  sandbox reaches it only at ``http://127.0.0.1:PORT`` (or ``localhost``: a proxy on this machine), so a local
+  rollout is refused by name otherwise.
 
 One ``run_rollout`` is one ``HarborTrialSessionFactory`` session: a train session on the proxy pinning ``sampling``
 (OpenEnv's validation: finite positive temperature, full vocabulary) and the engine ``llm_url``/``model`` (default
-``--llm-url``/``--model``), with ``agent_step_limit`` as its call budget and ``--max-output-tokens`` per call; one
-Harbor trial of the task by ``harness`` in ``sandbox`` (``local``: the proxy's port is the sandbox's only way out;
-another sandbox reaches the proxy at ``--proxy-url``), the agent's timeout ``agent_timeout_sec`` (0: the task's);
+``--llm-url``/``--model``, else the external proxy's), with ``agent_step_limit`` as its call budget and
+``--max-output-tokens`` per call; one Harbor trial of the task by ``harness`` in ``sandbox`` (``local``: the proxy's
+port is the sandbox's only way out; another sandbox reaches the proxy at ``--proxy-url``), the agent's timeout
+``agent_timeout_sec`` (0: the task's);
 then the proxy's trace as the result's turns (each turn's ids, logprobs, loss mask, request, sampling params and
 role as captured) and the verifier's reward: the one ``reward_key`` names (comma-separated: the first present), else
 the only key, else ``reward``; None when Harbor marks the trial's reward invalid or it is not a finite number. A
@@ -43,6 +48,7 @@ import os
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -50,6 +56,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.types import Observation
@@ -60,7 +67,8 @@ from harness_grpo.agents import AGENTS
 from harness_grpo.harbor_local import LocalSandboxUnavailable, check_prerequisites
 from harness_grpo.harbor_sessions import HarborTask, HarborTrialError, HarborTrialSessionFactory
 from harness_grpo.harbor_tasks import resolve_task_dirs
-from harness_grpo.rollout_context import ProxyEndpoint, RolloutContext
+from harness_grpo.openenv_harbor import LOOPBACK
+from harness_grpo.rollout_context import ProxyEndpoint, RolloutContext, ServicesError, connect_proxy
 from harness_grpo.rollouts import LiveSessions
 from harness_grpo.service_loop import ServiceLoop
 from proxy.capture_graph import AGENT, DISCARDED
@@ -153,7 +161,8 @@ class RolloutRequest:
 
 
 class RolloutService:
-    """The service's long-lived part: the datasets, the capture proxy (on its own loop) and the rollout workers.
+    """The service's long-lived part: the datasets, the capture proxy (on its own loop, unless ``proxy_base_url``
+    names one running elsewhere) and the rollout workers.
 
     ``run(request)`` runs one rollout to its ``HarborRolloutResult`` (blocking; on one of ``max_concurrent`` worker
     threads when called through ``run_async``).
@@ -168,6 +177,7 @@ class RolloutService:
         host: str = "127.0.0.1",
         capture_port: int = 8100,
         proxy_url: str | None = None,
+        proxy_base_url: str | None = None,
         api_key: str | None = None,
         max_output_tokens: int | None = 8192,
         max_concurrent: int = 4,
@@ -180,6 +190,7 @@ class RolloutService:
         self.host = host
         self.capture_port = capture_port
         self.proxy_url = proxy_url
+        self.proxy_base_url = proxy_base_url
         self.api_key = api_key
         self.max_output_tokens = max_output_tokens
         self.max_concurrent = max_concurrent
@@ -189,8 +200,10 @@ class RolloutService:
             or os.environ.get("OPENENV_CAPTURE_ADMIN_KEY")
             or secrets.token_urlsafe(32)
         )
-        self._own_journal = journal_dir is None
-        self.journal_dir = journal_dir or Path(tempfile.mkdtemp(prefix="harness-serve-journal-"))
+        self._own_journal = journal_dir is None and proxy_base_url is None
+        if self._own_journal:
+            journal_dir = Path(tempfile.mkdtemp(prefix="harness-serve-journal-"))
+        self.journal_dir = journal_dir
         self.endpoint: ProxyEndpoint | None = None
         self._loop: ServiceLoop | None = None
         self._proxy: CaptureProxy | None = None
@@ -198,7 +211,18 @@ class RolloutService:
         self._live = LiveSessions()
 
     def start(self) -> str:
-        """Start the capture proxy; its URL as this machine reaches it."""
+        """Start the capture proxy, or check the external one (``ServicesError``, ``connect_proxy``); its URL as
+        this machine reaches it."""
+        if self.proxy_base_url is not None:
+            self.endpoint = connect_proxy(
+                self.proxy_base_url,
+                sampling={},
+                name="--proxy-base-url",
+                probe="rollout service start",
+                llm_url=self.llm_url or None,
+            )
+            return self.endpoint.base_url
+        assert self.journal_dir is not None
         self._loop = ServiceLoop("rollout-service-proxy")
         config = ProxyConfig(
             engine_url=self.llm_url,
@@ -223,7 +247,7 @@ class RolloutService:
                 self._loop.run(self._proxy.stop(), 30)
             self._loop.close()
             self._loop = None
-        if self._own_journal:
+        if self._own_journal and self.journal_dir is not None:
             shutil.rmtree(self.journal_dir, ignore_errors=True)
 
     async def run_async(self, request: RolloutRequest) -> HarborRolloutResult:
@@ -248,8 +272,16 @@ class RolloutService:
             result.ok, result.error = False, refused
             return
         assert self.endpoint is not None, "the service is not started"
-        if not (request.llm_url or self.llm_url):
+        if not (request.llm_url or self.llm_url or self.proxy_base_url):
             result.ok, result.error = False, "this service has no default engine: pass llm_url, or serve with --llm-url"
+            return
+        if request.sandbox == "local" and not self._sandbox_reaches_proxy():
+            result.ok = False
+            result.error = (
+                f"the local sandbox reaches only this machine's loopback, not the capture proxy at "
+                f"{self.endpoint.base_url}: serve with --proxy-base-url http://127.0.0.1:PORT of a proxy on this "
+                "machine, or run the rollout in another sandbox"
+            )
             return
         result.dataset = request.split or self.splits.datasets[0]
         task = self.splits.task(request.split, int(request.task_index))
@@ -275,7 +307,7 @@ class RolloutService:
                 max_model_calls=step_limit,
                 max_output_tokens=self.max_output_tokens,
                 model_name=served.rsplit("/", 1)[-1] if served else "policy",
-                engine_url=request.llm_url or None,
+                engine_url=request.llm_url or self.llm_url or None,
                 engine_model=request.model or None,
             )
         )
@@ -302,6 +334,12 @@ class RolloutService:
         finally:
             self._live.discard(session)
             session.close()
+
+    def _sandbox_reaches_proxy(self) -> bool:
+        """Whether the local sandbox, which relays only ports of its host's 127.0.0.1, reaches the proxy."""
+        assert self.endpoint is not None
+        url = urlsplit(self.endpoint.base_url)
+        return url.hostname in LOOPBACK and url.port is not None
 
     def capabilities(self) -> dict[str, Any]:
         """What this service runs: its engine, sandboxes, datasets and harnesses (``openenv harbor`` keys)."""
@@ -560,16 +598,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", action="append", required=True, help="a task dataset to serve as a split (repeatable)")
     p.add_argument("--llm-url", default="", help="the default engine (a rollout may name its own llm_url)")
     p.add_argument("--model", default="", help="the engine's served model (default: its first)")
-    p.add_argument("--host", default="0.0.0.0", help="where the env server and the capture proxy listen")
+    p.add_argument("--host", default="0.0.0.0", help="where the env server and its own capture proxy listen")
     p.add_argument("--port", type=int, default=8000, help="the env server's port (faces the trainer)")
-    p.add_argument("--capture-port", type=int, default=8100, help="the capture proxy's port (faces the sandboxes)")
+    p.add_argument(
+        "--capture-port", type=int, default=None, help="the capture proxy's port (faces the sandboxes); default 8100"
+    )
+    p.add_argument(
+        "--proxy-base-url",
+        default=None,
+        help="use the capture proxy running at this URL (python -m proxy; its admin key in $HARNESS_PROXY_ADMIN_KEY) "
+        "instead of starting one",
+    )
     p.add_argument(
         "--proxy-url",
         default=None,
         help="the capture proxy as sandboxes on other machines reach it (default: the local sandbox's loopback)",
     )
     p.add_argument("--expose", default="direct", choices=["direct"], help="as openenv harbor serve; only direct")
-    p.add_argument("--api-key", default=os.environ.get("OPENENV_LLM_API_KEY"), help="the engine's key, if it has one")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENENV_LLM_API_KEY"),
+        help="the engine's key, if it has one (sent by the service's own proxy)",
+    )
     p.add_argument("--max-output-tokens", type=int, default=8192, help="most tokens a call may sample (0: no cap)")
     p.add_argument(
         "--max-concurrent-envs",
@@ -579,7 +629,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--trials-dir", type=Path, default=None, help="keep each trial's Harbor directory here")
     p.add_argument("--journal-dir", type=Path, default=None, help="the proxy's session journals (default: temporary)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.proxy_base_url is not None:
+        for flag, value in (("--capture-port", args.capture_port), ("--journal-dir", args.journal_dir)):
+            if value is not None:
+                p.error(f"{flag} configures the service's own capture proxy; --proxy-base-url uses another")
+    return args
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
@@ -596,8 +651,9 @@ def main(argv: list[str] | None = None) -> None:
         llm_url=args.llm_url,
         model=args.model,
         host=args.host,
-        capture_port=args.capture_port,
+        capture_port=8100 if args.capture_port is None else args.capture_port,
         proxy_url=args.proxy_url,
+        proxy_base_url=args.proxy_base_url,
         api_key=args.api_key,
         max_output_tokens=args.max_output_tokens or None,
         max_concurrent=args.max_concurrent_envs,
@@ -607,9 +663,16 @@ def main(argv: list[str] | None = None) -> None:
     for split in service.splits.list_splits():  # a dataset that names no task stops the service before it serves
         if "error" in split:
             raise SystemExit(f"--dataset {split['name']}: {split['error']}")
-    capture = service.start()
     try:
-        print(f"capture   {capture} (sandboxes: {args.proxy_url or 'local, through its loopback'})", flush=True)
+        capture = service.start()
+    except ServicesError as exc:  # before the service serves: one line, the parser's exit status
+        service.stop()
+        print(f"python -m harness_grpo.serve: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    try:
+        where = "external" if args.proxy_base_url else "its own"
+        sandboxes = args.proxy_url or "local, through its loopback"
+        print(f"capture   {capture} ({where}; sandboxes: {sandboxes})", flush=True)
         print(f"server    http://{args.host}:{args.port}  (Task API at /{ENV_NAME}/splits, MCP over /ws)", flush=True)
         # uvicorn re-raises SIGTERM once it has shut down: as SystemExit, so stop() below cancels the rollouts still
         # running (their sandboxes deleted) and stops the proxy, instead of the process dying with them.

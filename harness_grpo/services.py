@@ -18,7 +18,6 @@ after a failed start, and never leaves a thread or a server behind.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import urllib.error
 import urllib.request
@@ -28,25 +27,15 @@ from pathlib import Path
 from harness_grpo.config import HarnessGRPOConfig
 from harness_grpo.engine.embedded import TINY, TINY_WARM, EmbeddedEngine, resolve_model
 from harness_grpo.engine.server import EngineServer
-from harness_grpo.rollout_context import ProxyEndpoint
+from harness_grpo.rollout_context import PROXY_ADMIN_KEY_ENV as PROXY_ADMIN_KEY_ENV
+from harness_grpo.rollout_context import EngineNotTokenExact, ProxyEndpoint, ServicesError, connect_proxy
 from harness_grpo.service_loop import ServiceLoop
 from harness_grpo.weight_transports import WeightSync, weight_sync_for
-from proxy.client import ProxyAdminClient, ProxyClientError
 from proxy.server import CaptureProxy, ProxyConfig
-
-PROXY_ADMIN_KEY_ENV = "HARNESS_PROXY_ADMIN_KEY"
-
-
-class ServicesError(RuntimeError):
-    """The run's services cannot start; the message says what to fix."""
 
 
 class EngineUnreachable(ServicesError):
     """The engine at ``vllm_server_base_url`` does not answer."""
-
-
-class EngineNotTokenExact(ServicesError):
-    """The engine does not return what training needs: exact token ids and processed logprobs."""
 
 
 @dataclass
@@ -158,27 +147,11 @@ class TrainerServices:
 
 
 def external_proxy(args: HarnessGRPOConfig) -> ProxyEndpoint:
-    """The running proxy at ``args.proxy_base_url``, checked before any rollout: it answers, takes the admin key
-    (``HARNESS_PROXY_ADMIN_KEY``), and opens a train session, which it does only for a token-exact engine."""
+    """The running proxy at ``args.proxy_base_url`` (``connect_proxy``), which needs ``vllm_server_base_url``."""
     url = str(args.proxy_base_url).rstrip("/")
     if args.vllm_server_base_url is None:
         raise ServicesError(
             f"proxy_base_url={url} needs vllm_server_base_url: the engine that proxy forwards to, which the trainer "
             "pushes its weights to (an in-process engine would be one the proxy cannot reach)"
         )
-    key = os.environ.get(PROXY_ADMIN_KEY_ENV)
-    if not key:
-        raise ServicesError(f"proxy_base_url={url}: set {PROXY_ADMIN_KEY_ENV} to that proxy's admin key")
-    admin = ProxyAdminClient(url, key, timeout_s=60)
-    try:
-        probe = admin.create_session(
-            purpose="train", sampling=dict(args.sampling_policy()), metadata={"probe": "trainer start"}
-        )
-    except ProxyClientError as exc:
-        if exc.status == 401:
-            raise ServicesError(f"the proxy at {url} refused {PROXY_ADMIN_KEY_ENV}: {exc}") from None
-        if exc.status == 400 and "tier" in str(exc):
-            raise EngineNotTokenExact(f"the proxy at {url} cannot open train sessions: {exc}") from None
-        raise ServicesError(f"the proxy at {url} cannot open sessions: {exc}") from None
-    admin.delete(probe.session_id)
-    return ProxyEndpoint(url, key)
+    return connect_proxy(url, sampling=dict(args.sampling_policy()), name="proxy_base_url", probe="trainer start")

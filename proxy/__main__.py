@@ -14,7 +14,7 @@ from proxy.server import CaptureProxy, ProxyConfig, connection_cap
 
 
 def parse_args(argv: list[str] | None = None) -> ProxyConfig:
-    """Command-line flags to a ``ProxyConfig``."""
+    """Command-line flags to a ``ProxyConfig``; one the config refuses is the parser's error (exit status 2)."""
     p = argparse.ArgumentParser(prog="python -m proxy", description="Exact-token capture proxy for agent sessions.")
     p.add_argument("--engine-url", required=True, help="engine base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--journal-dir", type=Path, required=True, help="per-session journals (recovered on start)")
@@ -60,27 +60,30 @@ def parse_args(argv: list[str] | None = None) -> ProxyConfig:
     p.add_argument("--fsync", action="store_true", help="fsync the journal on every call (survives power loss)")
     p.add_argument("--no-probe", action="store_true", help="skip the engine tier probe at session creation")
     a = p.parse_args(argv)
-    return ProxyConfig(
-        engine_url=a.engine_url,
-        journal_dir=a.journal_dir,
-        host=a.host,
-        port=a.port,
-        model=a.model,
-        admin_key=a.admin_key,
-        keepalive_s=a.keepalive_s,
-        upstream_timeout_s=a.upstream_timeout_s,
-        upstream_retries=a.upstream_retries,
-        upstream_backoff_s=a.upstream_backoff_s,
-        max_body_bytes=a.max_body_bytes,
-        max_engine_clients=a.max_engine_clients,
-        max_open_journals=a.max_open_journals,
-        fsync=a.fsync,
-        probe_engines=not a.no_probe,
-        idle_timeout_s=a.idle_timeout_s,
-        body_timeout_s=a.body_timeout_s,
-        max_connections=a.max_connections,
-        stream_flush_s=a.stream_flush_s,
-    )
+    try:
+        return ProxyConfig(
+            engine_url=a.engine_url,
+            journal_dir=a.journal_dir,
+            host=a.host,
+            port=a.port,
+            model=a.model,
+            admin_key=a.admin_key,
+            keepalive_s=a.keepalive_s,
+            upstream_timeout_s=a.upstream_timeout_s,
+            upstream_retries=a.upstream_retries,
+            upstream_backoff_s=a.upstream_backoff_s,
+            max_body_bytes=a.max_body_bytes,
+            max_engine_clients=a.max_engine_clients,
+            max_open_journals=a.max_open_journals,
+            fsync=a.fsync,
+            probe_engines=not a.no_probe,
+            idle_timeout_s=a.idle_timeout_s,
+            body_timeout_s=a.body_timeout_s,
+            max_connections=a.max_connections,
+            stream_flush_s=a.stream_flush_s,
+        )
+    except ValueError as exc:  # a setting the proxy refuses (an exposed bind without a key): one line, status 2
+        p.error(str(exc))
 
 
 async def serve(config: ProxyConfig) -> None:

@@ -142,7 +142,10 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         if self.host not in LOOPBACK_HOSTS and not self.admin_key:
-            raise ValueError(f"binding {self.host} (not loopback) requires an admin key")
+            raise ValueError(
+                f"binding {self.host} (not loopback) requires an admin key (--admin-key or $HARNESS_PROXY_ADMIN_KEY): "
+                "without one, anyone who reaches the port could open sessions"
+            )
         if self.max_engine_clients < 1:
             raise ValueError("max_engine_clients must be at least 1")
         if not (self.idle_timeout_s > 0 and self.body_timeout_s > 0):

@@ -631,8 +631,9 @@ def test_a_streams_last_frames_and_its_end_are_one_write() -> None:
     assert stream.calls == [("write_eof", b"data: [DONE]\n\n")]
 
 
-def test_the_flush_interval_is_set_on_the_command_line() -> None:
+def test_the_flush_interval_is_set_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     config = parse_args(["--engine-url", "http://127.0.0.1:1", "--journal-dir", "j", "--stream-flush-s", "0.2"])
     assert config.stream_flush_s == 0.2 and parse_args(["--engine-url", "e", "--journal-dir", "j"]).stream_flush_s > 0
-    with pytest.raises(ValueError, match="stream_flush_s"):
+    with pytest.raises(SystemExit) as exit_info:  # the parser's refusal: status 2, one line
         parse_args(["--engine-url", "e", "--journal-dir", "j", "--stream-flush-s", "-1"])
+    assert exit_info.value.code == 2 and "stream_flush_s must be at least 0" in capsys.readouterr().err

@@ -6,7 +6,8 @@ factory, driven by the trainer's own ``run_rollout``) runs a terminus-2 rollout 
 the trace is exactly the calls the engine served for that rollout (ids, logprobs, masks, the trainer's sampling
 policy), the reward is the one the task's verifier wrote. Each service refuses an env session beyond its
 ``MAX_CONCURRENT_ENVS`` and a model call or a control-plane call with a key it never issued; the factory waits for
-a slot rather than failing. Our service answers a request it cannot serve with a result that says why.
+a slot rather than failing. Our service answers a request it cannot serve with a result that says why, a local
+rollout its sandbox could not reach an external proxy for included.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from openenv.harbor.client import HarborEnv
 from harness_grpo.harbor_service_sessions import HarborSessionFactory, refused_for_capacity
 from harness_grpo.openenv_harbor import install
 from harness_grpo.rollouts import run_rollout
-from harness_grpo.serve import pick_reward_key, training_policy
+from harness_grpo.serve import RolloutRequest, RolloutService, pick_reward_key, training_policy
 from harness_grpo.service_loop import ServiceLoop
 from proxy.server import CaptureProxy, ProxyConfig
 from tests.agents.conftest import RecordingRelay
@@ -215,6 +216,29 @@ def test_our_service_says_why_it_cannot_run_a_request(
     factory = factory_on(services["ours"], relayed_engine)
     with pytest.raises(KeyError, match="build the dataset from prompt_rows"):
         factory.create([{"role": "user", "content": "a task the service does not have"}])
+
+
+def test_our_service_refuses_a_local_rollout_when_its_external_proxy_is_not_on_127_0_0_1(
+    relayed_engine: RelayedEngine, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local sandbox relays only ports of its host's 127.0.0.1: a proxy elsewhere (here 127.0.0.2, which is still
+    loopback, so nothing is exposed) is one its agents cannot reach, and a local rollout is refused by name."""
+    loop = ServiceLoop("proxy-elsewhere")
+    config = ProxyConfig(relayed_engine.url, tmp_path / "journal", host="127.0.0.2", port=0, admin_key="elsewhere")
+    proxy = CaptureProxy(config)
+    url = f"http://127.0.0.2:{loop.run(proxy.start())}"
+    monkeypatch.setenv("HARNESS_PROXY_ADMIN_KEY", "elsewhere")
+    service = RolloutService(datasets=[str(dataset)], proxy_base_url=url)
+    try:
+        assert service.start() == url
+        result = service.run(RolloutRequest(split=str(dataset), harness="oracle", sandbox="local"))
+        assert not result.ok and f"reaches only this machine's loopback, not the capture proxy at {url}" in (
+            result.error or ""
+        ), result.error
+    finally:
+        service.stop()
+        loop.run(proxy.stop())
+        loop.close()
 
 
 def test_the_openenv_wrapper_refuses_a_proxy_the_local_sandbox_cannot_reach(tmp_path: Path) -> None:

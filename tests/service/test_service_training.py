@@ -9,65 +9,23 @@ with a service stop the launcher before anything loads.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.launchers.runs import wait_for_launcher
 from tests.launchers.test_train_launcher import _launcher_module
-from tests.service.conftest import UNSOLVED, RelayedEngine, make_tasks, start_service
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.service.conftest import RelayedEngine, check_two_steps, make_tasks, start_service, train_two_steps
 
 
 @pytest.mark.timeout(600)
 def test_the_launcher_trains_two_steps_on_our_rollout_service(relayed_engine: RelayedEngine, tmp_path: Path) -> None:
-    relay = relayed_engine.relay
     dataset = make_tasks(tmp_path)
     service = start_service("ours", dataset, relayed_engine.url, tmp_path)
     try:
-        out = tmp_path / "run"
-        argv = [
-            "--env_url", service.url, "--split", str(dataset), "--harness", "terminus-2", "--sandbox", "local",
-            "--vllm_server_base_url", relayed_engine.url,
-            "--output_dir", str(out), "--max_steps", "2", "--num_generations", "2",
-            "--max_concurrent_rollouts", "2", "--max_staleness", "0", "--max_model_calls", "2",
-            "--rollout_timeout_s", "60", "--save_rollouts", "true", "--save_strategy", "no", "--disable_tqdm", "true",
-        ]  # fmt: skip
-        log = tmp_path / "train.log"
-        with log.open("w") as sink:
-            process = subprocess.Popen(
-                [sys.executable, str(REPO / "launchers" / "train.py"), *argv],
-                cwd=REPO,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        text = wait_for_launcher(process, log, 480)
-        assert process.returncode == 0 and "done at step 2" in text, text[-4000:]
+        log = train_two_steps(service, dataset, relayed_engine.url, tmp_path / "run")
     finally:
         service.process.stop()
-    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rollouts] == [1, 1, 2, 2], text[-4000:]
-    assert relay.weight_updates, "no weight sync reached the engine"
-    first_sync, served = relay.weight_updates[0], relay.served
-    for rollout in rollouts:
-        assert rollout["error"] is None and rollout["env_reward"] == UNSOLVED, rollout
-        turns = rollout["trace"]["turns"]
-        assert len(turns) == 2, rollout  # terminus-2's turns end with the call budget
-        for turn in turns:
-            index = next(
-                i
-                for i, call in enumerate(served)
-                if (call.prompt_ids, call.completion_ids, call.logprobs)
-                == (turn["prompt_token_ids"], turn["completion_token_ids"], turn["per_token_logps"])
-            )
-            if rollout["policy_version"] >= 1:
-                assert index >= first_sync, "a rollout started after the weight sync was served by the old weights"
-    assert {r["policy_version"] for r in rollouts if r["step"] == 2} == {1}, rollouts
+    check_two_steps(tmp_path / "run", relayed_engine.relay, log)
 
 
 @pytest.mark.parametrize(
