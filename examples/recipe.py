@@ -54,6 +54,8 @@ COMMON = {
     "chat_template_kwargs": {"enable_thinking": False},
 }
 """Every recipe's settings unless it or a flag says otherwise (real-model values; ``Recipe.tiny`` for CPU)."""
+TINY_COMMON = {"chat_template_kwargs": {}}
+"""The tiny model's: it has no thinking mode, and its format SFT renders chats as the tool loop then will."""
 
 
 @dataclass
@@ -94,7 +96,7 @@ class RecipeArguments:
         metadata={"help": "A running env server: URL, or NAME=URL per server; default: start ours on loopback."},
     )
     dataset_size: int | None = field(default=None, metadata={"help": "Rows in the training dataset."})
-    sft_episodes: int = field(default=64, metadata={"help": "Random episodes the tiny model's format SFT trains on."})
+    sft_episodes: int = field(default=128, metadata={"help": "Random episodes the tiny model's format SFT trains on."})
     sft_steps: int = field(default=TOOL_SFT_RECIPE["steps"], metadata={"help": "Steps of the tiny model's format SFT."})
     window: int = field(default=5, metadata={"help": "Steps averaged for the first/last reward summary."})
 
@@ -105,7 +107,7 @@ def parse(recipe: Recipe, argv: Sequence[str] | None = None) -> tuple[RecipeArgu
     parser.set_defaults(output_dir=os.path.join("runs", recipe.name), **COMMON, **recipe.settings)
     known, _ = parser.parse_known_args(args=argv)
     if known.model == TINY:
-        parser.set_defaults(**recipe.tiny)
+        parser.set_defaults(**TINY_COMMON, **recipe.tiny)
     recipe_args, config = parser.parse_args_into_dataclasses(args=argv)
     return recipe_args, config
 

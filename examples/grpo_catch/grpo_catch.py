@@ -24,13 +24,20 @@
         --vllm_server_base_url http://127.0.0.1:8000
 
 Each rollout is one game through ``CatchToolEnv`` (tools ``move(direction)`` and ``stay()``, one call
-per row the ball falls, nine in a game); the reward is the game's: +1 caught, -1 missed. A row's
-``seed`` picks the ball's column, so a GRPO group plays one game. ``examples/recipe.py`` has the
+per row the ball falls, nine in a game). Two reward terms:
+
+- ``reward_catch``: the game's, +1 caught, -1 missed (a game the model stopped playing counts as missed);
+- ``reward_moves``: shaping, the share of moves that brought the paddle closer to the ball's column or kept
+  it under the ball, so every game says which moves helped, not only whether the last one did.
+
+A row's ``seed`` picks the ball's column, so a GRPO group plays one game. ``examples/recipe.py`` has the
 flags; every ``HarnessGRPOConfig`` field is one too.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.recipe import Recipe, main
 from harness_grpo.envs.catch.tools import CatchToolEnv
 
+BOARD = re.compile(r"column (?P<ball>\d+)/\d+\nPaddle: column (?P<paddle>\d+)/")
 SYSTEM_PROMPT = (
     "You play Catch. A ball falls one row per move down a board of 10 rows and 5 columns; your paddle is in "
     "the bottom row. Call move with direction left or right, or stay, once per move, so that the paddle is "
@@ -53,20 +61,34 @@ def dataset(size: int) -> list[dict[str, Any]]:
     return [{"prompt": prompt, "seed": seed} for seed in range(size)]
 
 
+def reward_moves(
+    prompts: list[list[dict[str, Any]]], completions: list[list[dict[str, Any]]], **kwargs: Any
+) -> list[float]:
+    """Shaping: the share of the model's moves that brought the paddle closer to the ball's column or kept it
+    under the ball, read off the boards it saw (the opening one, then each move's); 0.0 without a move."""
+    rewards = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        texts = [prompt[-1]["content"]] + [m["content"] or "" for m in completion if m["role"] == "tool"]
+        distances = [abs(int(b["ball"]) - int(b["paddle"])) for b in map(BOARD.search, texts) if b]
+        moves = list(itertools.pairwise(distances))
+        rewards.append(sum(after < before or after == 0 for before, after in moves) / len(moves) if moves else 0.0)
+    return rewards
+
+
 def reward_catch(environments: list[CatchToolEnv], **kwargs: Any) -> list[float]:
-    """The game's reward: +1.0 caught, -1.0 missed (0.0 for a game the model left unfinished)."""
-    return [environment.reward for environment in environments]
+    """The game's reward: +1.0 caught, -1.0 missed; a game the model stopped playing counts as missed."""
+    return [environment.reward if environment.done else -1.0 for environment in environments]
 
 
 RECIPE = Recipe(
     name="grpo_catch",
     environment_factory=CatchToolEnv,
     dataset=dataset,
-    reward_funcs=[reward_catch],
+    reward_funcs=[reward_catch, reward_moves],
     moves={"move": lambda rng: {"direction": rng.choice(["left", "right"])}, "stay": lambda rng: {}},
     sft_turns=12,
     settings={"max_completion_length": 4096, "max_tool_calling_iterations": 12, "max_steps": 30},
-    tiny={"learning_rate": 3e-4, "max_staleness": 1},
+    tiny={"learning_rate": 5e-5, "groups_per_step": 1, "max_staleness": 1},
 )
 
 if __name__ == "__main__":

@@ -17,22 +17,21 @@
 #     "openenv==0.10.0",
 # ]
 # ///
-"""GRPO on the echo environment: make the environment echo the phrase the user asked for.
+"""GRPO on the echo environment, as TRL's echo example trains it: the environment pays for what it echoes.
 
     python examples/grpo_echo/grpo_echo.py                          # CPU: tiny model, local server
     python examples/grpo_echo/grpo_echo.py --model Qwen/Qwen3-0.6B --env-url http://127.0.0.1:8001 \\
         --vllm_server_base_url http://127.0.0.1:8000
 
-TRL's echo example, played through ``EchoToolEnv`` (one tool, ``echo(message)``). The reward is how
-close the environment's last echo is to the phrase the prompt asked for (1.0 for the very phrase;
-``difflib``'s similarity ratio otherwise; 0.0 when nothing was echoed). The echo server's own reward
-(0.1 per character) is not used: it pays for length, whatever was asked. ``examples/recipe.py`` has
-the flags; every ``HarnessGRPOConfig`` field is one too.
+Each rollout asks for one echo through ``EchoToolEnv`` (one tool, ``echo(message)``). The reward is the
+echo server's own, as in TRL's example: 0.1 per character of the last message echoed, whatever the
+prompt asked for, so GRPO learns to echo longer messages (the tiny model's format SFT echoes one of
+the five phrases at random; the longest pays 1.9, the shortest 1.2). ``examples/recipe.py`` has the
+flags; every ``HarnessGRPOConfig`` field is one too.
 """
 
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,29 +52,21 @@ ASKS = [
 
 
 def dataset(size: int) -> list[dict[str, Any]]:
-    """``size`` rows cycling through every phrase asked every way; ``phrase`` is what the reward expects."""
-    pairs = [(phrase, ask) for ask in ASKS for phrase in PHRASES]
-    rows = []
-    for index in range(size):
-        phrase, ask = pairs[index % len(pairs)]
-        rows.append({"prompt": [{"role": "user", "content": ask.format(phrase)}], "phrase": phrase})
-    return rows
+    """``size`` rows cycling through every phrase asked every way."""
+    prompts = [ask.format(phrase) for ask in ASKS for phrase in PHRASES]
+    return [{"prompt": [{"role": "user", "content": prompts[index % len(prompts)]}]} for index in range(size)]
 
 
-def reward_echoed(completions: list[list[dict[str, Any]]], phrase: list[str], **kwargs: Any) -> list[float]:
-    """How close the last echo (the last tool message) is to the phrase asked for."""
-    rewards = []
-    for completion, asked in zip(completions, phrase, strict=True):
-        echoes = [message["content"] for message in completion if message["role"] == "tool"]
-        rewards.append(difflib.SequenceMatcher(None, echoes[-1], asked).ratio() if echoes else 0.0)
-    return rewards
+def reward_echo(environments: list[EchoToolEnv], **kwargs: Any) -> list[float]:
+    """The echo server's reward for the last echo (0.1 per character; 0.0 when nothing was echoed)."""
+    return [environment.reward for environment in environments]
 
 
 RECIPE = Recipe(
     name="grpo_echo",
     environment_factory=EchoToolEnv,
     dataset=dataset,
-    reward_funcs=[reward_echoed],
+    reward_funcs=[reward_echo],
     moves={"echo": lambda rng: {"message": rng.choice(PHRASES)}},
     sft_turns=1,
     dataset_size=250,

@@ -57,13 +57,17 @@ def dataset(size: int) -> list[dict[str, Any]]:
 
 
 def only(name: str, reward_func: Callable[..., list[float]]) -> Callable[..., list[float | None]]:
-    """``reward_func`` on the rows of environment ``name``; None on the others."""
+    """``reward_func`` on the rows of environment ``name`` (every per-row argument cut to those rows); None on
+    the others."""
 
-    def reward(environments: list[Any], environment: list[str], **kwargs: Any) -> list[float | None]:
-        return [
-            reward_func(environments=[instance])[0] if row_environment == name else None
-            for instance, row_environment in zip(environments, environment, strict=True)
-        ]
+    def reward(environment: list[str], **kwargs: Any) -> list[float | None]:
+        mine = [index for index, row_environment in enumerate(environment) if row_environment == name]
+        rows = len(environment)
+        cut = {k: [v[i] for i in mine] if isinstance(v, list) and len(v) == rows else v for k, v in kwargs.items()}
+        scores: list[float | None] = [None] * rows
+        for index, score in zip(mine, reward_func(**cut) if mine else [], strict=True):
+            scores[index] = score
+        return scores
 
     reward.__name__ = reward_func.__name__
     return reward

@@ -30,7 +30,7 @@ from harness_grpo.environments import EnvironmentFactory, Environments, Message
 Moves = Mapping[str, Callable[[random.Random], dict[str, Any]]]
 """Tool name -> a function drawing that tool's arguments at random."""
 
-TOOL_SFT_RECIPE = {"seed": 0, "steps": 120, "batch": 8, "lr": 3e-3, "threads": 2}
+TOOL_SFT_RECIPE = {"seed": 0, "steps": 300, "batch": 4, "lr": 3e-3, "threads": 2}
 CLOSING = "Done."
 
 
@@ -94,7 +94,8 @@ def train_tool_format(
     """SFT ``base`` on token rows (ids, assistant mask) per ``recipe``; save model, tokenizer and stats to ``dest``.
 
     A step is ``batch`` rows that share their system block (prompt, tools), drawn from one such group; the
-    block runs once per step (``warm_start.group_loss``), and only assistant tokens are predicted.
+    block runs once per step, without gradient (``warm_start.group_loss``), and only assistant tokens are
+    predicted.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +119,7 @@ def train_tool_format(
     for _ in range(recipe["steps"]):
         prefix = rng.choice(prefixes)
         batch = [rng.choice(groups[prefix]) for _ in range(recipe["batch"])]
-        loss = group_loss(model, list(prefix), batch, tokenizer.pad_token_id)
+        loss = group_loss(model, list(prefix), batch, tokenizer.pad_token_id, prefix_grad=False)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

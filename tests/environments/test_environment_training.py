@@ -52,6 +52,10 @@ def reward_func(environments: list[EchoToolEnv], **kwargs: Any) -> list[float]:
     return [environment.reward for environment in environments]
 
 
+def half(completions: list[Any], **kwargs: Any) -> list[float]:
+    return [0.5] * len(completions)
+
+
 def _args(tmp_path: Path, **overrides: Any) -> HarnessGRPOConfig:
     settings: dict[str, Any] = {
         "output_dir": str(tmp_path),
@@ -81,9 +85,9 @@ def test_the_echo_quickstart_trains_end_to_end(tmp_path: Path) -> None:
     dataset = [{"prompt": _prompt(f"Echo '{word}'.")} for word in ("hello", "banana", "ready", "ping")]
     trainer = HarnessAsyncGRPOTrainer(
         "tiny-warm",
-        args=_args(tmp_path, save_rollouts=True),
+        args=_args(tmp_path, save_rollouts=True, reward_weights=[2.0, -1.0]),
         train_dataset=dataset,
-        reward_funcs=reward_func,
+        reward_funcs=[reward_func, half],
         environment_factory=EchoToolEnv,
     )
     trainer.train()
@@ -92,6 +96,8 @@ def test_the_echo_quickstart_trains_end_to_end(tmp_path: Path) -> None:
     for entry in log:
         assert entry["rollout/errors"] == 0 and entry["rollout/unscorable_frac"] == 0  # reward_func scored each
         assert 0.0 <= entry["rewards/reward_func/mean"] <= 1.0 and "rewards/harness_reward/mean" not in entry
+        assert entry["rewards/half/mean"] == 0.5
+        assert entry["reward"] == pytest.approx(2.0 * entry["rewards/reward_func/mean"] - 0.5)  # reward_weights
         assert entry["frac_reward_zero_std"] in (0.0, 1.0)
         assert entry["rows/per_rollout"] >= 1 and entry["rows/dropped_too_long"] == 0
         for name in ("tools/unknown_name_count", "tools/parallel_calls_mean", "tools/loop_exhausted_frac"):
@@ -100,7 +106,7 @@ def test_the_echo_quickstart_trains_end_to_end(tmp_path: Path) -> None:
     assert len(rollouts) == 4
     for rollout in rollouts:
         trace = TrainingTrace.from_json(json.dumps(rollout["trace"]))  # valid OpenEnv schema-v1 JSON
-        assert trace.turns and rollout["reward"] in (0.0, 1.0)
+        assert trace.turns and rollout["reward"] in (-0.5, 1.5)  # 2 * (0 or 1) - 0.5
         first = trace.turns[0].request
         assert first["messages"][-1]["content"].startswith("Echo '")
         assert [tool["function"]["name"] for tool in first["tools"]] == ["echo"]

@@ -29,11 +29,11 @@ from tests.launchers.runs import wait_for_launcher
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = {"echo": ["echo"], "wordle": ["guess"], "catch": ["move", "stay"], "sudoku": ["place"]}
 REWARDS = {
-    "echo": ["reward_echoed"],
+    "echo": ["reward_echo"],
     "wordle": ["reward_win", "reward_letters", "reward_mistakes"],
-    "catch": ["reward_catch"],
+    "catch": ["reward_catch", "reward_moves"],
     "sudoku": ["reward_filled", "reward_mistakes"],
-    "multi_env": ["reward_win", "reward_letters", "reward_mistakes", "reward_catch"],
+    "multi_env": ["reward_win", "reward_letters", "reward_mistakes", "reward_catch", "reward_moves"],
 }
 SMALL = [
     "--max_steps", "2", "--num_generations", "2", "--groups_per_step", "1", "--max_staleness", "0",
@@ -122,8 +122,8 @@ def test_the_multi_env_recipe_shows_each_row_only_its_environment_s_tools(tmp_pa
         environment = "wordle" if tools == TOOLS["wordle"] else "catch"
         assert tools == TOOLS[environment]
         seen.add(environment)
-        if environment == "catch":  # the Wordle terms answered None for it: its reward is the game's alone
-            assert rollout["reward"] in (-1.0, 0.0, 1.0)
+        if environment == "catch":  # the Wordle terms answered None for it: the game's (+-1) and a share of moves
+            assert -1.0 <= rollout["reward"] <= 2.0
         else:
             assert math.isfinite(rollout["reward"])
     assert seen == {"wordle", "catch"}
@@ -137,8 +137,6 @@ def test_the_echo_recipe_plays_on_a_given_server_and_starts_none(tmp_path: Path)
         rollouts = _check_training("echo", output)
         for rollout in rollouts:
             assert _shown_tools(rollout) == ["echo"]
-            asked = rollout["trace"]["turns"][0]["request"]["messages"][-1]["content"]
-            assert "'" in asked  # the phrase the reward compares the echo with
         assert server.proc.poll() is None
 
 
