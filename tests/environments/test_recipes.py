@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from examples.grpo_multi_env import grpo_multi_env
+from examples.recipe import server_urls
 from harness_grpo.envs.serving import LocalEnvServer
 from proxy.capture_graph import sequences_from_trace
 from proxy.trace import TrainingTrace
@@ -148,12 +150,12 @@ def test_a_recipe_refuses_an_env_url_for_a_server_it_does_not_use(tmp_path: Path
         text=True,
         timeout=120,
     )
-    assert result.returncode == 2
+    assert result.returncode == 2  # before any model, server or SFT
     assert "this recipe uses wordle, catch; write NAME=URL" in result.stderr
-    result = subprocess.run(
-        [sys.executable, str(script), "--env-url", "sudoku=http://127.0.0.1:9", "--output_dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2 and "not 'sudoku'" in result.stderr
+    assert server_urls(grpo_multi_env.RECIPE, ["wordle=http://a:1", "catch=http://b:2"]) == {
+        "wordle": "http://a:1",
+        "catch": "http://b:2",
+    }
+    assert server_urls(grpo_multi_env.RECIPE, ["catch=http://b:2"]) == {"wordle": None, "catch": "http://b:2"}
+    with pytest.raises(ValueError, match="not 'sudoku'"):
+        server_urls(grpo_multi_env.RECIPE, ["sudoku=http://127.0.0.1:9"])
