@@ -6,10 +6,12 @@ environment with OpenEnv's ``create_app`` (HTTP ``/reset`` ``/step`` ``/state`` 
 SIGINT/SIGTERM. ``--port 0`` picks a free port; once it accepts connections it prints
 ``env server ready: URL (NAME, max_concurrent_envs=N)``. ``max_concurrent_envs`` defaults to
 ``MAX_CONCURRENT_ENVS`` from the environment, else 64; size it at least to the episodes in flight
-(plus one for any client that keeps a connection for metadata).
+(plus one for any client that keeps a connection for metadata). ``--exit-with-stdin`` also stops it when its
+standard input reaches end of file.
 
 ``LocalEnvServer(NAME)`` starts that command as a child process on loopback and waits for the
-ready line: ``url`` is where clients connect, ``stop()`` (or leaving the ``with`` block) ends it.
+ready line: ``url`` is where clients connect, ``stop()`` (or leaving the ``with`` block) ends it. The child
+runs with ``--exit-with-stdin`` on a pipe from its owner, so it also ends when the owner dies, however.
 """
 
 from __future__ import annotations
@@ -71,8 +73,17 @@ async def _serve(app: FastAPI, sock: socket.socket, banner: str) -> None:
     await serving
 
 
-def serve(name: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_envs: int | None = None) -> None:
-    """Serve environment ``name`` on ``host:port`` until SIGINT/SIGTERM (``port=0``: a free port)."""
+def serve(
+    name: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_concurrent_envs: int | None = None,
+    exit_with_stdin: bool = False,
+) -> None:
+    """Serve environment ``name`` on ``host:port`` until SIGINT/SIGTERM (``port=0``: a free port), or, with
+    ``exit_with_stdin``, until standard input reaches end of file (its owner closed it, or died)."""
+    if exit_with_stdin:
+        threading.Thread(target=_exit_at_stdin_eof, name="stdin watch", daemon=True).start()
     if max_concurrent_envs is None:
         max_concurrent_envs = default_max_concurrent_envs()
     app = build_app(name, max_concurrent_envs)
@@ -84,6 +95,12 @@ def serve(name: str, host: str = "127.0.0.1", port: int = 8000, max_concurrent_e
     shown_host = f"[{host}]" if family == socket.AF_INET6 else host
     banner = f"env server ready: http://{shown_host}:{bound_port} ({name}, max_concurrent_envs={max_concurrent_envs})"
     asyncio.run(_serve(app, sock, banner))
+
+
+def _exit_at_stdin_eof() -> None:
+    while sys.stdin.buffer.read(4096):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's own handler shuts the server down
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -99,10 +116,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help=f"most WebSocket sessions at once (default: $MAX_CONCURRENT_ENVS or {DEFAULT_MAX_CONCURRENT_ENVS})",
     )
+    parser.add_argument(
+        "--exit-with-stdin", action="store_true", help="stop when standard input reaches end of file (its owner died)"
+    )
     args = parser.parse_args(argv)
     if args.max_concurrent_envs is not None and args.max_concurrent_envs < 1:
         parser.error(f"--max-concurrent-envs must be at least 1, got {args.max_concurrent_envs}")
-    serve(args.name, args.host, args.port, args.max_concurrent_envs)
+    serve(args.name, args.host, args.port, args.max_concurrent_envs, args.exit_with_stdin)
 
 
 class LocalEnvServer:
@@ -120,6 +140,7 @@ class LocalEnvServer:
         if name not in ENVIRONMENTS:
             raise ValueError(f"unknown environment {name!r}; choose one of {', '.join(ENVIRONMENTS)}")
         argv = [sys.executable, "-m", "harness_grpo.envs", name, "--host", "127.0.0.1", "--port", str(port)]
+        argv.append("--exit-with-stdin")  # its stdin is our pipe: the server goes when we do, SIGKILL included
         if max_concurrent_envs is not None:
             argv += ["--max-concurrent-envs", str(max_concurrent_envs)]
         self.name = name
@@ -129,7 +150,7 @@ class LocalEnvServer:
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             text=True,
             env=env,
             start_new_session=True,
@@ -178,7 +199,10 @@ class LocalEnvServer:
         """SIGKILL (the server dies without closing its sockets) and wait."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-        return self.proc.wait(30.0)
+        code = self.proc.wait(30.0)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        return code
 
     def __enter__(self) -> LocalEnvServer:
         return self

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -145,3 +148,36 @@ def test_server_errors_keep_their_code_and_the_session(servers: dict[str, LocalE
         assert client.reset(secret_word="apple").observation.prompt.startswith("[GAME] You are Playing Wordle.")
     finally:
         client.close()
+
+
+OWNER = """
+import sys, time
+from harness_grpo.envs.serving import LocalEnvServer
+server = LocalEnvServer("echo")
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_local_server_goes_with_its_owner_even_a_sigkilled_one() -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        server_pid = int(owner.stdout.readline())
+        assert _alive(server_pid)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        deadline = time.monotonic() + 20
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server_pid), "the env server outlived the process that started it"
+    finally:
+        owner.kill()
