@@ -1,4 +1,4 @@
-"""Harbor agents that talk to the capture proxy: the registry CLIs run inside the trial, terminus-2 on the host.
+"""The Harbor agent for the registry CLIs: run inside the trial, talking to the capture proxy.
 
 ``RegistryAgent`` is a Harbor ``BaseAgent`` for any entry of the agent registry (``harness_grpo.agents``:
 opencode, claude-code, codex, mini-swe-agent). It installs nothing: ``setup`` checks that the host-installed
@@ -13,11 +13,7 @@ process. Its kwargs (``AgentConfig.kwargs``): ``agent`` (the registry name), ``p
 as the environment reaches it), ``system_prompt``, ``max_steps``, ``home``; the session key comes from the
 agent's environment (``AgentConfig.env[API_KEY_ENV]``), so Harbor scrubs it from the trial's files.
 
-``ProxyTerminus2`` is Harbor's own terminus-2 (its loop and LiteLLM client run on the host, its commands in a
-tmux session inside the environment), with a ``setup`` that first checks tmux is there.
-``terminus2_kwargs`` points it at the proxy (``hosted_vllm/<served name>``, ``api_base`` = proxy ``/v1``,
-the model's token limits and zero costs in ``model_info``, summarisation off so one rollout stays one
-trajectory).
+Terminus-2 is in ``harness_grpo.harbor_terminus2``, so that LiteLLM (seconds to import) loads only where it runs.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from harbor.agents.base import BaseAgent
 from harbor.agents.installed.base import NonZeroAgentExitCodeError
-from harbor.agents.terminus_2 import Terminus2
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from harbor.models.trial.paths import EnvironmentPaths
@@ -139,35 +134,6 @@ class RegistryAgent(BaseAgent):
                 f"{self.spec.name} exited with status {result.return_code}\n"
                 f"--- stdout\n{stdout[-2000:]}\n--- stderr\n{stderr[-2000:]}"
             )
-
-
-class ProxyTerminus2(Terminus2):
-    """Harbor's terminus-2, refusing to start (``AgentUnavailableError``) where tmux is not in the environment."""
-
-    async def setup(self, environment: BaseEnvironment) -> None:
-        result = await environment.exec("tmux -V")
-        if result.return_code != 0:
-            raise AgentUnavailableError(
-                f"terminus-2 drives a tmux session inside the environment, and tmux is not reachable in the "
-                f"{environment.type()} environment: {(result.stderr or result.stdout or '').strip()[:300]}"
-            )
-        await super().setup(environment)
-
-
-def terminus2_kwargs(proxy_url: str, *, max_input_tokens: int, max_output_tokens: int) -> dict[str, Any]:
-    """``AgentConfig.kwargs`` for ``ProxyTerminus2`` against the proxy at ``proxy_url`` (its root)."""
-    return {
-        "api_base": f"{proxy_url.rstrip('/')}/v1",
-        "model_info": {
-            "max_input_tokens": max_input_tokens,
-            "max_output_tokens": max_output_tokens,
-            "input_cost_per_token": 0.0,
-            "output_cost_per_token": 0.0,
-        },
-        "enable_summarize": False,
-        "record_terminal_session": False,
-        "suppress_max_turns_warning": True,
-    }
 
 
 async def working_directory(environment: BaseEnvironment) -> str:

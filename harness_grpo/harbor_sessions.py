@@ -68,14 +68,14 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.models.trial.result import TrialResult
 from harbor.trial.trial import Trial
 
-from harness_grpo.harbor_agents import API_KEY_ENV, terminus2_kwargs
+from harness_grpo.harbor_agents import API_KEY_ENV
 from harness_grpo.harbor_tasks import resolve_task_dirs
 
 log = logging.getLogger(__name__)
 
 LOCAL_ENVIRONMENT = "harness_grpo.harbor_local:LocalEnvironment"
 REGISTRY_AGENT = "harness_grpo.harbor_agents:RegistryAgent"
-TERMINUS_2 = "harness_grpo.harbor_agents:ProxyTerminus2"
+TERMINUS_2 = "harness_grpo.harbor_terminus2:ProxyTerminus2"
 CLOUD_CLIENTS = {"e2b": "e2b", "modal": "modal", "daytona": "daytona"}
 """The Python client each cloud sandbox needs, imported by Harbor only when a trial starts (its extras)."""
 AGENT_TIMEOUT = "AgentTimeoutError"
@@ -472,6 +472,8 @@ class HarborTrialSessionFactory(BoundSessionFactory):
                 env=env,
             )
         if self.harness == "terminus-2":  # runs on the host: the proxy's own address
+            from harness_grpo.harbor_terminus2 import terminus2_kwargs  # LiteLLM: imported where it is used
+
             kwargs = terminus2_kwargs(
                 context.proxy.base_url,
                 max_input_tokens=self.max_input_tokens,

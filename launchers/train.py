@@ -95,7 +95,6 @@ from harness_grpo.agent_sessions import LocalAgentSessionFactory  # noqa: E402
 from harness_grpo.agents import AGENTS, SMALL_MODEL_PROMPT  # noqa: E402
 from harness_grpo.checkpoints import latest_checkpoint  # noqa: E402
 from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
-from harness_grpo.harbor_service_sessions import HarborSessionFactory  # noqa: E402
 from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
 from harness_grpo.services import ServicesError  # noqa: E402
@@ -246,6 +245,8 @@ def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]
 
 def service_factory(launch: LaunchArgs, args: HarnessGRPOConfig) -> functools.partial:
     """``HarborSessionFactory`` on the rollout service at ``--env_url``, for the trainer to call with ``sampling=``."""
+    from harness_grpo.harbor_service_sessions import HarborSessionFactory  # OpenEnv's client: loaded only here
+
     indices = None
     if launch.task_indices is not None:
         try:
