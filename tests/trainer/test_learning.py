@@ -6,15 +6,15 @@ reward is the task verifier's look at the agent's working directory. The
 policy is the tiny model after the task's short SFT (``task_model_path``),
 which calls one of the four offered tools about uniformly, so the verifier's
 reward starts near 0.25. The mean reward over the last steps must clearly
-exceed the first steps' in at least three of four seeds.
+exceed the first steps' in each of three seeds.
 
-Why four seeds for three: with token-level loss weighting (the default, as TRL's
-async GRPO) a short reply without a tool call is a cheap failure (few tokens,
-little gradient) next to a wrong tool call, so a run can drift into replying
-without tools, where every rollout scores 0 and GRPO has no signal left. We
-saw that in 1 of 15 seed runs of this test (the 9 other runs whose curves were
-printed gained 0.28 to 0.52); ``loss_weighting="rollout"`` counts each failure
-once however short.
+Why ``loss_weighting="rollout"``: with token-level weighting (the default, as
+TRL's async GRPO) a short reply without a tool call is a cheap failure (few
+tokens, little gradient) next to a wrong tool call, so a run can drift into
+replying without tools, where every rollout scores 0 and GRPO has no signal
+left (1 of 15 seed runs did, so this test once needed three seeds of four).
+Counting each rollout once however short removes that cheap failure: seeds
+0, 1, 2 gained 0.42, 0.52 and 0.56 (about 190 s each on 2 cores).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def _run(seed: int, output_dir: Path) -> list[float]:
         seed=seed,
         max_steps=STEPS,
         learning_rate=3e-4,
+        loss_weighting="rollout",
         lr_scheduler_type="constant",
         num_generations=8,
         groups_per_step=2,
@@ -65,8 +66,8 @@ def _run(seed: int, output_dir: Path) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_grpo_raises_verifier_reward_in_three_of_four_seeds(tmp_path: Path) -> None:
-    curves = {seed: _run(seed, tmp_path / f"seed{seed}") for seed in (0, 1, 2, 3)}
+def test_grpo_raises_verifier_reward_in_each_of_three_seeds(tmp_path: Path) -> None:
+    curves = {seed: _run(seed, tmp_path / f"seed{seed}") for seed in (0, 1, 2)}
     gains = {}
     for seed, curve in curves.items():
         assert len(curve) == STEPS
@@ -74,6 +75,5 @@ def test_grpo_raises_verifier_reward_in_three_of_four_seeds(tmp_path: Path) -> N
         print(f"seed {seed}: first {WINDOW} steps {first:.3f} -> last {WINDOW} steps {last:.3f}  {curve}")
         gains[seed] = last - first
     # A window holds 6 steps x 16 rollouts = 96 verifier rewards: its standard error is about 0.05.
-    learned = {seed: gain for seed, gain in gains.items() if gain > 0.1}
-    assert len(learned) >= 3, f"only seeds {sorted(learned)} learned: gains {gains}"
-    assert statistics.mean(learned.values()) > 0.2, f"mean gain of the seeds that learned: {learned}"
+    assert all(gain > 0.1 for gain in gains.values()), f"a seed did not learn: gains {gains}"
+    assert statistics.mean(gains.values()) > 0.2, f"mean gain {statistics.mean(gains.values()):.3f}: {gains}"
