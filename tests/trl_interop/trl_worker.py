@@ -3,7 +3,8 @@
 ``queued_rows(factory, tokenizer, prompts, generations=, monkeypatch=)`` starts TRL's worker (its spawned child
 process, its ``TrainableSession`` check, ``_turns_from_training_trace`` and its row builder) in loop-owning mode on
 ``factory`` (a callable taking ``sampling=``, as TRL builds it), one group per prompt, and returns the rows it queued
-by group id once every prompt's group is queued (``TimeoutError`` after ``timeout_s``). No GPU: that worker never
+by group id once every prompt's group is queued (``TimeoutError`` after ``timeout_s``); a group first queued after
+the worker's stop is left out, since the stop closes sessions still in flight. No GPU: that worker never
 calls vLLM itself (the agents' calls go through a capture proxy), so it is let start without vLLM installed.
 
 ``check_rows_are_ours(samples, record_dir, generations)`` reads what each recording session handed TRL
@@ -77,12 +78,14 @@ def queued_rows(
             samples[sample.group_id].append(sample)
     finally:
         worker.stop()
+    seen = set(samples)
     while True:  # rows of a group are queued together: take the rest of the groups already seen
         try:
             sample = worker.rollout_buffer.get(timeout=1.0)
         except queue.Empty:
             return samples
-        samples[sample.group_id].append(sample)
+        if sample.group_id in seen:  # a group first queued after the stop may hold sessions the stop closed
+            samples[sample.group_id].append(sample)
 
 
 def our_rows(records: list[dict[str, Any]]) -> list[Row]:
