@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import os
 import queue
@@ -189,11 +190,9 @@ class LocalEnvServer:
         """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code."""
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                return self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        return self.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout_s)
+        return self.kill()  # reaps, and closes the stdin pipe
 
     def kill(self) -> int:
         """SIGKILL (the server dies without closing its sockets) and wait."""

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -18,6 +17,7 @@ from harness_grpo.envs.serving import LocalEnvServer
 from harness_grpo.envs.sessions import EnvServerError, ServerAtCapacityError, SessionLostError
 from harness_grpo.envs.textarena import TextArenaAction, TextArenaEnv
 from harness_grpo.envs.wordle.words import ANSWERS
+from tests.agents.processes import alive, wait_gone
 from tests.envs.conftest import launch
 
 
@@ -159,25 +159,14 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_a_local_server_goes_with_its_owner_even_a_sigkilled_one() -> None:
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
     try:
         assert owner.stdout is not None
         server_pid = int(owner.stdout.readline())
-        assert _alive(server_pid)
+        assert alive(server_pid)
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
-        deadline = time.monotonic() + 20
-        while _alive(server_pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(server_pid), "the env server outlived the process that started it"
+        assert wait_gone(server_pid, 20), "the env server outlived the process that started it"
     finally:
         owner.kill()
