@@ -24,6 +24,7 @@ The ratio ``loop / model call`` is the share of a rollout's time the loop itself
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import statistics
@@ -31,9 +32,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -55,46 +56,33 @@ def proxy_call_seconds(proxy_url: str) -> tuple[float, int]:
     return total, count
 
 
+def _timed[**P, R](fn: Callable[P, R], sink: list[float]) -> Callable[P, R]:
+    """``fn``, appending each call's seconds to ``sink``."""
+
+    @functools.wraps(fn)
+    def timed(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - started)
+
+    return timed
+
+
 class Timed:
-    """Wraps ``ToolLoopSession.chat_completion`` and the factory's suffix counter to time every call."""
+    """Times every ``ToolLoopSession.chat_completion``, ``wait_for_completion`` (the loop itself) and the
+    factory's suffix count."""
 
     def __init__(self) -> None:
         self.calls: list[float] = []
         self.suffix: list[float] = []
-        self.loops: list[float] = []  # seconds in ToolLoopSession.wait_for_completion (the loop itself)
+        self.loops: list[float] = []
 
     def install(self, trainer: HarnessAsyncGRPOTrainer) -> None:
-        chat, timed = ToolLoopSession.chat_completion, self
-
-        def timed_chat(session: ToolLoopSession, body: dict[str, Any]) -> dict[str, Any]:
-            started = time.perf_counter()
-            try:
-                return chat(session, body)
-            finally:
-                timed.calls.append(time.perf_counter() - started)
-
-        ToolLoopSession.chat_completion = timed_chat  # type: ignore[method-assign]
-        wait = ToolLoopSession.wait_for_completion
-
-        def timed_wait(session: ToolLoopSession, timeout_s: float | None = None) -> int:
-            started = time.perf_counter()
-            try:
-                return wait(session, timeout_s)
-            finally:
-                timed.loops.append(time.perf_counter() - started)
-
-        ToolLoopSession.wait_for_completion = timed_wait  # type: ignore[method-assign]
-        factory = trainer.session_factory
-        count = factory.suffix_length
-
-        def timed_suffix(messages: list[dict[str, Any]]) -> int:
-            started = time.perf_counter()
-            try:
-                return count(messages)
-            finally:
-                timed.suffix.append(time.perf_counter() - started)
-
-        factory.suffix_length = timed_suffix
+        ToolLoopSession.chat_completion = _timed(ToolLoopSession.chat_completion, self.calls)  # type: ignore[method-assign]
+        ToolLoopSession.wait_for_completion = _timed(ToolLoopSession.wait_for_completion, self.loops)  # type: ignore[method-assign]
+        trainer.session_factory.suffix_length = _timed(trainer.session_factory.suffix_length, self.suffix)
 
 
 def main() -> None:
