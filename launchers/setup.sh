@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with Python 3.12 and install the project (editable, with the dev
-# extra). Idempotent: re-runs only when pyproject.toml changed.
+# extra) with uv, from the package sources pip is configured with
+# (launchers/uv_install.py). Idempotent: re-runs only when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3.12}"
@@ -9,7 +10,7 @@ command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found; install Pyt
 stamp=".venv/.harness-grpo-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  .venv/bin/python -m pip install --quiet --upgrade pip uv
+  .venv/bin/python launchers/uv_install.py --quiet -e ".[dev]"
   echo "$want" > "$stamp"
 fi
