@@ -12,9 +12,13 @@ Why ``loss_weighting="rollout"``: with token-level weighting (the default, as
 TRL's async GRPO) a short reply without a tool call is a cheap failure (few
 tokens, little gradient) next to a wrong tool call, so a run can drift into
 replying without tools, where every rollout scores 0 and GRPO has no signal
-left (1 of 15 seed runs did, so this test once needed three seeds of four).
-Counting each rollout once however short removes that cheap failure: seeds
-0, 1, 2 gained 0.42, 0.52 and 0.56 (about 190 s each on 2 cores).
+left. Counting each rollout once however short removes that cheap failure.
+
+Why ``learning_rate=2e-4``: at 3e-4, 2 of 11 seed runs lost (one in CI, gain
+-0.16); the other rose to about 0.6 and then lost the tool-call format in one
+step (tool calls per rollout 0.6 to 0, reward 0 from then on: no signal left to
+recover with). At 2e-4 none of 10 runs did: gains 0.30 to 0.46, about 95 s each
+on 2 quiet cores.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def _run(seed: int, output_dir: Path) -> list[float]:
         output_dir=str(output_dir),
         seed=seed,
         max_steps=STEPS,
-        learning_rate=3e-4,
+        learning_rate=2e-4,
         loss_weighting="rollout",
         lr_scheduler_type="constant",
         num_generations=8,
