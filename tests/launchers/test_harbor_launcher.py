@@ -1,12 +1,16 @@
 """``launchers/train.py`` on Harbor harnesses, as a user runs it: each rollout a Harbor trial in the local sandbox.
 
-For each of opencode, claude-code, codex, mini-swe-agent and terminus-2 the launcher runs two steps on two
-example tasks with two trials at once, its engine our embedded one in another process behind a recording
-relay (``--vllm_server_base_url``), so the test sees every completion the engine served and every weight
-update. From ``--save_rollouts``' log: every trained rollout's trace is what the engine served (prompt ids,
-sampled ids and logprobs, call for call), its verifier reward was read, a weight sync was done, and a session
-started after it was served by the new weights only. A missing prerequisite stops the launcher before anything
-loads.
+For opencode (a CLI installed into the sandbox) and terminus-2 (Harbor's own loop on the host, loaded by import
+path) the launcher runs two steps on two example tasks with two trials at once, its engine our embedded one in
+another process behind a recording relay (``--vllm_server_base_url``), so the test sees every completion the engine
+served and every weight update. From ``--save_rollouts``' log: every trained rollout's trace is what the engine
+served (prompt ids, sampled ids and logprobs, call for call), its verifier reward was read, a weight sync was done,
+and a session started after it was served by the new weights only. A missing prerequisite stops the launcher before
+anything loads.
+
+The launcher hands ``--harness`` to ``HarborTrialSessionFactory`` unchanged, so the other CLIs (claude-code, codex,
+mini-swe-agent) differ only inside the factory's trial, which ``tests/harbor/test_harbor_harnesses.py`` runs and
+checks for each of the five; a launcher run per CLI would add about 70 s of CI each and test nothing more.
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def _claim_served(turn: dict, served: list[ServedCall], claimed: set[int]) -> in
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("harness", [*AGENTS, "terminus-2"])
+@pytest.mark.parametrize("harness", ["opencode", "terminus-2"])
 def test_launcher_trains_a_harbor_harness_on_local_sandbox_trials(
     harness: str, relayed_engine: RelayedEngine, two_tasks: Path, tmp_path: Path
 ) -> None:
