@@ -68,6 +68,20 @@ class Http:
         return asyncio.run(run())
 
 
+def tool_call_request(http: Http, body: dict[str, Any], tries: int = 16) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``body`` with the first ``seed`` below ``tries`` whose chat answer is a tool call, and that answer.
+
+    For tests of how a tool call is answered (streamed, token-in), not of whether the tiny model makes one at a
+    given seed: which seeds do depends on the warm model's last bits, which a rebuild elsewhere may change.
+    """
+    for seed in range(tries):
+        status, answer = http.post("/v1/chat/completions", {**body, "seed": seed})
+        assert status == 200, answer
+        if answer["choices"][0]["finish_reason"] == "tool_calls":
+            return {**body, "seed": seed}, answer
+    pytest.fail(f"the warm model made no tool call in {tries} samples of {body['messages'][-1]['content']!r}")
+
+
 def _teacher_forced_logprobs(
     model: torch.nn.Module, prompt_ids: list[int], token_ids: list[int], temperature: float
 ) -> torch.Tensor:

@@ -12,7 +12,7 @@ import pytest
 
 from bench.fake_vllm import FakeVLLM
 from harness_grpo.tiny_model import SERVED_MODEL_NAME
-from tests.engine.conftest import Http
+from tests.engine.conftest import Http, tool_call_request
 from tests.engine.streams import assemble, chunks_of, expected, stream_events, without_call_ids
 
 CHAT = "/v1/chat/completions"
@@ -88,9 +88,7 @@ def test_a_tool_call_parses_as_from_the_chat(warm_served):
 
     _, http = warm_served
     (prompt,) = heldout_prompts(1, 3, system_chars=0)
-    body = {**_body(max_tokens=200, temperature=0.7, seed=2), **prompt}
-    want = _post(http, CHAT, body)
-    assert want["choices"][0]["finish_reason"] == "tool_calls"
+    body, want = tool_call_request(http, {**_body(max_tokens=200, temperature=0.7), **prompt})
     got = _post(http, TOKENS, {**body, "tokens": want["prompt_token_ids"]})
     assert without_call_ids(expected(got)) == without_call_ids(expected(want))
     assert got["choices"][0]["message"]["tool_calls"][0]["id"] != want["choices"][0]["message"]["tool_calls"][0]["id"]
