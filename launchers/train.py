@@ -107,7 +107,8 @@ TASKS = REPO / "examples" / "tasks"
 CPU_DEFAULTS = {
     "output_dir": str(REPO / "runs" / "train-tiny"),
     "max_steps": 20,
-    "learning_rate": 3e-4,
+    "learning_rate": 2e-4,  # tests/trainer/test_learning.py: at 3e-4, 2 of 11 runs lost the tool-call format
+    "loss_weighting": "rollout",
     "lr_scheduler_type": "constant",
     "num_generations": 8,
     "groups_per_step": 2,
