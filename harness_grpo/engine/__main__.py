@@ -30,6 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--num-threads", type=int, default=1, help="torch intra-op threads of the compute thread; 0: one per core"
     )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="keep finished sequences' KV so a prompt that starts with one prefills only the rest (vLLM's flag)",
+    )
+    parser.add_argument("--prefix-cache-mb", type=int, default=512, help="the prefix cache's size bound")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -65,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=args.max_num_seqs,
         prefill_chunk_tokens=args.prefill_chunk_tokens,
         num_threads=args.num_threads,
+        enable_prefix_caching=args.enable_prefix_caching,
+        prefix_cache_bytes=args.prefix_cache_mb << 20,
     ).start()
     try:
         asyncio.run(_serve(args, engine))

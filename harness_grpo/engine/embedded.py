@@ -13,6 +13,12 @@ and ``weight_version`` grows by one (or to the explicit version given, which
 must be larger). With ``pause(mode="keep")`` in-flight requests resume under
 the new weights, as in vLLM.
 
+``enable_prefix_caching`` (vLLM's flag; off by default) keeps the KV of
+finished sequences, up to ``prefix_cache_bytes``, so a multi-turn agent's next
+call prefills only what it added (``engine.prefix_cache``; see
+``prefix_cache``). Every weight update drops it. Logprobs then match a cold
+prefill to float rounding (~1e-6), not bit for bit.
+
 The compute thread runs torch with ``num_threads`` intra-op threads (0:
 torch's default, one per core). The default is 1: the engine shares its CPUs
 with the trainer, the proxy and the agents, and with more busy threads than
@@ -35,6 +41,7 @@ from transformers.cache_utils import DynamicLayer
 
 from harness_grpo.engine.errors import EngineError, bad_request
 from harness_grpo.engine.generator import Completion, Generator, GeneratorStats, TokenCallback
+from harness_grpo.engine.prefix_cache import PrefixCache
 from harness_grpo.engine.sampling import SamplingParams
 from harness_grpo.engine.tokens import TokenBytes
 from harness_grpo.engine.weights import check_state_dict, copy_state_dict
@@ -69,6 +76,8 @@ class EmbeddedEngine:
         prefill_chunk_tokens: int = 2048,
         num_threads: int = 1,
         dtype: torch.dtype | None = None,
+        enable_prefix_caching: bool = False,
+        prefix_cache_bytes: int = 512 << 20,
     ) -> None:
         path, default_name = resolve_model(model)
         self.model_path = path
@@ -96,6 +105,7 @@ class EmbeddedEngine:
             max_num_seqs=max_num_seqs,
             prefill_chunk_tokens=prefill_chunk_tokens,
             num_threads=num_threads,
+            prefix_cache=PrefixCache(prefix_cache_bytes) if enable_prefix_caching else None,
         )
 
     def _eos_ids(self) -> set[int]:
@@ -127,6 +137,11 @@ class EmbeddedEngine:
     @property
     def stats(self) -> GeneratorStats:
         return self._generator.stats
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache (None without ``enable_prefix_caching``); its ``stats`` count hits and reused ids."""
+        return self._generator.prefix_cache
 
     # ----- tokens -----------------------------------------------------------
 
@@ -223,6 +238,7 @@ class EmbeddedEngine:
             if new_version <= self.weight_version and not rebase:
                 raise bad_request(f"version {new_version} is not above the current {self.weight_version}", "version")
             copy_state_dict(self.model, state_dict)
+            self._generator.reset_prefix_cache()
             self.weight_version = new_version
             return new_version
 

@@ -13,7 +13,11 @@ thread owns the model: each iteration it runs queued control commands,
 admits queued requests (unless paused), prefills them within a token budget
 (long prompts in chunks, so running rows keep decoding), samples their first
 token, joins them to the running ``DecodeBatch``, and runs one decode step for
-every running row. Finished rows leave at once. ``pause`` freezes everything
+every running row. Finished rows leave at once. With a ``PrefixCache``, a
+finished sequence's KV is kept and a later prompt that starts with its ids
+prefills only the rest; ``reset_prefix_cache`` (on the compute thread, as every
+weight update does) drops it, and a sequence admitted before a reset is not
+stored after it (its KV mixes two weight versions). ``pause`` freezes everything
 in flight between two iterations (vLLM ``mode=keep``: caches kept) or first
 drains it (``mode=wait``); ``call`` runs a function (a weight update) on the
 compute thread between iterations. Every blocking wait takes a timeout.
@@ -46,6 +50,7 @@ from transformers import DynamicCache
 
 from harness_grpo.engine.errors import EngineError
 from harness_grpo.engine.kv_batch import DecodeBatch
+from harness_grpo.engine.prefix_cache import Layers, PrefixCache
 from harness_grpo.engine.sampling import SamplingParams, choose, processed_logprobs
 
 logger = logging.getLogger(__name__)
@@ -99,6 +104,8 @@ class _Sequence:
     cache: DynamicCache | None = None
     prefilled: int = 0
     done: bool = False
+    completion: Completion | None = None  # set by ``_finish``, delivered by ``_deliver`` once its KV is stored
+    cache_epoch: int = 0  # the prefix cache's epoch when admitted
 
 
 class Generator:
@@ -113,6 +120,7 @@ class Generator:
         max_num_seqs: int = 64,
         prefill_chunk_tokens: int = 2048,
         num_threads: int = 1,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
         self.decode = decode
@@ -121,6 +129,8 @@ class Generator:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.num_threads = num_threads
         self.stats = GeneratorStats()
+        self.prefix_cache = prefix_cache
+        self._cache_epoch = 0  # owned by the compute thread
         self._cond = threading.Condition()
         self._incoming: deque[_Sequence] = deque()
         self._commands: deque[tuple[Callable[[], Any], Future]] = deque()
@@ -235,6 +245,7 @@ class Generator:
                     while self._admitting and self._incoming and self._in_flight() < self.max_num_seqs:
                         seq = self._incoming.popleft()
                         if not seq.future.cancelled():
+                            seq.cache_epoch = self._cache_epoch
                             self._prefilling.append(seq)
                     self._idle = not (self._prefilling or self._batch)
                     running = not self._paused
@@ -254,6 +265,12 @@ class Generator:
             self._fail(seq, EngineError(503, "the engine stopped"))
         for _, future in commands:
             future.cancel()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop the prefix cache (compute thread only: run it through ``call``, as weight updates do)."""
+        self._cache_epoch += 1
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def _in_flight(self) -> int:
         return len(self._prefilling) + len(self._batch)
@@ -281,6 +298,8 @@ class Generator:
         ready = []
         while self._prefilling and budget > 0:
             seq = self._prefilling[0]
+            if seq.cache is None and self.prefix_cache is not None:
+                self._reuse_prefix(seq)
             n = min(budget, len(seq.prompt_ids) - seq.prefilled)
             budget -= n
             try:
@@ -295,8 +314,28 @@ class Generator:
             self._prefilling.popleft()
             if not seq.done:
                 ready.append((seq, seq.cache, token))
+            elif seq.completion is not None:  # stopped at its first token: its KV is the prompt's
+                self._store(seq, [(layer.keys, layer.values) for layer in seq.cache.layers])
+                self._deliver(seq)
             seq.cache = None
         return ready
+
+    def _reuse_prefix(self, seq: _Sequence) -> None:
+        """Start ``seq``'s cache from the longest cached prefix of its prompt, if any."""
+        hit = self.prefix_cache.lookup(seq.prompt_ids)
+        if hit is None:
+            return
+        length, layers = hit
+        seq.cache = DynamicCache(config=self.model.config)
+        for layer, (keys, values) in zip(seq.cache.layers, layers, strict=True):
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+        seq.prefilled = length
+
+    def _store(self, seq: _Sequence, layers: Layers) -> None:
+        """Keep a completed sequence's KV (that of its prompt and every sampled id but the last, never fed)."""
+        if self.prefix_cache is not None and seq.cache_epoch == self._cache_epoch:
+            self.prefix_cache.store(seq.prompt_ids + seq.token_ids[:-1], layers)
 
     def _prefill_chunk(self, seq: _Sequence, n: int) -> int | None:
         """Run the next ``n`` prompt tokens; at the prompt's end, sample and return the first token."""
@@ -323,6 +362,11 @@ class Generator:
         logits = self._batch.step(self.model)
         tokens = self._sample(self._batch.items, logits)
         self._batch.set_next_tokens(tokens)
+        for i, seq in enumerate(self._batch.items):
+            if seq.completion is not None:
+                if self.prefix_cache is not None:
+                    self._store(seq, self._batch.row_cache(i))
+                self._deliver(seq)
         self._batch.retain([i for i, seq in enumerate(self._batch.items) if not seq.done])
 
     def _sample(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
@@ -368,11 +412,14 @@ class Generator:
 
     def _finish(self, seq: _Sequence, reason: str, stop_reason: str | None, text: str) -> None:
         seq.done = True
-        completion = Completion(
+        seq.completion = Completion(
             seq.prompt_ids, seq.token_ids, seq.logprobs, seq.top_logprobs, text, reason, stop_reason
         )
+
+    def _deliver(self, seq: _Sequence) -> None:
+        """Resolve a finished sequence's future (after its KV is stored, so a caller's next request finds it)."""
         with contextlib.suppress(InvalidStateError):  # the waiter cancelled meanwhile
-            seq.future.set_result(completion)
+            seq.future.set_result(seq.completion)
 
     def _fail(self, seq: _Sequence, exc: BaseException) -> None:
         seq.done = True

@@ -80,6 +80,14 @@ class DecodeBatch[T]:
         self._positions = self._positions + 1
         return out.logits[:, -1]
 
+    def row_cache(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``row``'s real KV columns as a batch-1 copy per layer: ``(keys, values)``, ``[1, heads, n, dim]``."""
+        n = int(self._mask[row].sum())
+        return [
+            (layer.keys[row : row + 1, :, -n:].clone(), layer.values[row : row + 1, :, -n:].clone())
+            for layer in self._cache.layers
+        ]
+
     def set_next_tokens(self, tokens: list[int]) -> None:
         """The tokens each row feeds at the next ``step``."""
         self._tokens = torch.tensor(tokens, dtype=torch.long)
