@@ -2,6 +2,7 @@
 
     python -m bench.tool_loop_overhead                      # 24 Catch episodes, one at a time
     python -m bench.tool_loop_overhead --episodes 48 --concurrency 4
+    python -m bench.tool_loop_overhead --engine_enable_prefix_caching false   # any HarnessGRPOConfig flag
 
 Real parts: the offline Catch server, the trainer's capture proxy and embedded engine, the tiny model after
 ``grpo_catch``'s format SFT (cached; built on first use), ``CatchToolEnv`` through ``run_rollout`` as the
@@ -89,11 +90,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=1)
-    args = parser.parse_args()
+    args, settings = parser.parse_known_args()  # the rest: HarnessGRPOConfig flags, as the recipe takes them
     recipe = grpo_catch.RECIPE
     with LocalEnvServer("catch") as server, tempfile.TemporaryDirectory() as scratch:
         os.environ[grpo_catch.CatchToolEnv.url_variable] = server.url
-        recipe_args, config = parse(recipe, ["--output_dir", scratch])  # the recipe's CPU settings
+        recipe_args, config = parse(recipe, ["--output_dir", scratch, *settings])  # the recipe's CPU settings
         model = tiny_policy(recipe, recipe_args.sft_episodes, recipe_args.sft_steps, config.seed)
         rows = recipe.dataset(args.episodes)
         trainer = HarnessAsyncGRPOTrainer(

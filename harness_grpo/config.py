@@ -195,6 +195,13 @@ class HarnessGRPOConfig(TrainingArguments):
         metadata={"help": "What the embedded engine loads; None: the trainer's model."},
     )
     engine_num_threads: int = field(default=1, metadata={"help": "torch threads of the embedded engine (0: all)."})
+    engine_enable_prefix_caching: bool = field(
+        default=True,
+        metadata={
+            "help": "The embedded engine keeps finished calls' KV, so an agent's next call prefills only what it "
+            "added (vLLM's enable_prefix_caching; dropped at every weight update)."
+        },
+    )
     proxy_host: str = field(
         default="127.0.0.1",
         metadata={"help": "Where the trainer's capture proxy listens; 0.0.0.0 for docker sandboxes to reach it."},

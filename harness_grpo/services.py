@@ -83,7 +83,11 @@ class TrainerServices:
             engine_model = args.engine_model or model_path
             if engine_model in (TINY, TINY_WARM):
                 engine_model = resolve_model(engine_model)[0]
-            self.engine = EmbeddedEngine(engine_model, num_threads=args.engine_num_threads).start()
+            self.engine = EmbeddedEngine(
+                engine_model,
+                num_threads=args.engine_num_threads,
+                enable_prefix_caching=args.engine_enable_prefix_caching,
+            ).start()
             self.engine_server = EngineServer(self.engine)
             url = self.loop.run(self.engine_server.start())
             if self.weight_sync is None:
