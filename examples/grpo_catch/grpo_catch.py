@@ -27,10 +27,14 @@ Each rollout is one game through ``CatchToolEnv`` (tools ``move(direction)`` and
 per row the ball falls, nine in a game). Two reward terms:
 
 - ``reward_catch``: the game's, +1 caught, -1 missed (a game the model stopped playing counts as missed);
-- ``reward_moves``: shaping, the share of moves that brought the paddle closer to the ball's column or kept
-  it under the ball, so every game says which moves helped, not only whether the last one did.
+- ``reward_moves``: shaping, the share of the game's nine moves that brought the paddle closer to the ball's
+  column or kept it under the ball, so every game says which moves helped, not only whether the last one
+  did (a game the model stops early forfeits the moves it did not make).
 
-A row's ``seed`` picks the ball's column, so a GRPO group plays one game. ``examples/recipe.py`` has the
+With the tiny model (``--model tiny``) ``reward_catch`` weighs 0.25 beside ``reward_moves`` (``reward_weights``):
+at equal weights the ±1 of each game drowns the per-move signal a small model learns from first
+(``docs/ENVIRONMENTS.md`` has the figures). A row's ``seed`` picks the ball's column, so a GRPO group plays one
+game. ``examples/recipe.py`` has the
 flags; every ``HarnessGRPOConfig`` field is one too.
 """
 
@@ -45,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from examples.recipe import Recipe, main
+from harness_grpo.envs.catch.server import ROWS
 from harness_grpo.envs.catch.tools import CatchToolEnv
 
 BOARD = re.compile(r"column (?P<ball>\d+)/\d+\nPaddle: column (?P<paddle>\d+)/")
@@ -64,14 +69,15 @@ def dataset(size: int) -> list[dict[str, Any]]:
 def reward_moves(
     prompts: list[list[dict[str, Any]]], completions: list[list[dict[str, Any]]], **kwargs: Any
 ) -> list[float]:
-    """Shaping: the share of the model's moves that brought the paddle closer to the ball's column or kept it
-    under the ball, read off the boards it saw (the opening one, then each move's); 0.0 without a move."""
+    """Shaping: the share of the game's ``ROWS - 1`` moves that brought the paddle closer to the ball's column or
+    kept it under the ball, read off the boards the model saw (the opening one, then each move's). Moves not
+    made count as unhelpful: a share of the moves made would pay a game stopped after one good move 1.0."""
     rewards = []
     for prompt, completion in zip(prompts, completions, strict=True):
         texts = [prompt[-1]["content"]] + [m["content"] or "" for m in completion if m["role"] == "tool"]
         distances = [abs(int(b["ball"]) - int(b["paddle"])) for b in map(BOARD.search, texts) if b]
         moves = list(itertools.pairwise(distances))
-        rewards.append(sum(after < before or after == 0 for before, after in moves) / len(moves) if moves else 0.0)
+        rewards.append(sum(after < before or after == 0 for before, after in moves) / (ROWS - 1))
     return rewards
 
 
@@ -88,7 +94,14 @@ RECIPE = Recipe(
     moves={"move": lambda rng: {"direction": rng.choice(["left", "right"])}, "stay": lambda rng: {}},
     sft_turns=12,
     settings={"max_completion_length": 4096, "max_tool_calling_iterations": 12, "max_steps": 30},
-    tiny={"learning_rate": 5e-5, "groups_per_step": 1, "max_staleness": 1},
+    tiny={
+        "learning_rate": 2e-4,
+        "reward_weights": [0.25, 1.0],
+        "loss_weighting": "rollout",
+        "groups_per_step": 1,
+        "max_staleness": 1,
+        "max_steps": 40,
+    },
 )
 
 if __name__ == "__main__":
