@@ -75,8 +75,7 @@ def tool_call_request(http: Http, body: dict[str, Any], tries: int = 16) -> tupl
     given seed: which seeds do depends on the warm model's last bits, which a rebuild elsewhere may change.
     """
     for seed in range(tries):
-        status, answer = http.post("/v1/chat/completions", {**body, "seed": seed})
-        assert status == 200, answer
+        answer = http.chat(**{**body, "seed": seed})
         if answer["choices"][0]["finish_reason"] == "tool_calls":
             return {**body, "seed": seed}, answer
     pytest.fail(f"the warm model made no tool call in {tries} samples of {body['messages'][-1]['content']!r}")

@@ -16,6 +16,13 @@ uv_install = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(uv_install)
 
 
+@pytest.fixture(autouse=True)
+def no_pip_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip reads ``PIP_*`` variables over its files: the tests set the ones they mean."""
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+
+
 def _values(command: list[str], option: str) -> list[str]:
     return [command[i + 1] for i, arg in enumerate(command) if arg == option]
 
@@ -28,8 +35,6 @@ def test_pips_files_and_variables_become_uvs_options(tmp_path: Path, monkeypatch
         "constraint = /srv/constraints.txt\ncert = /srv/ca.pem\n"
         "[install]\nindex-url = https://install.example/simple\n"
     )
-    for name in [n for n in os.environ if n.startswith("PIP_")]:
-        monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
     monkeypatch.setenv("PIP_FIND_LINKS", "/srv/env-wheels")
 
@@ -48,8 +53,6 @@ def test_pips_files_and_variables_become_uvs_options(tmp_path: Path, monkeypatch
 
 
 def test_without_pip_configuration_uv_gets_only_the_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("PIP_")]:
-        monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
 
     command = uv_install.uv_command(["pkg"], uv_install.pip_settings())

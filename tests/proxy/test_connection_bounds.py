@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import re
 import resource
-import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -128,7 +127,7 @@ async def _slow(host: str, port: int, head: bytes, trickle: bytes) -> tuple[floa
         writer.close()
 
 
-def _peak_descriptors(pid: int, stop: threading.Event) -> int:
+def _peak_descriptors(pid: int, stop: EventType) -> int:
     """The most descriptors ``pid`` held at once, sampled every 5 ms until ``stop``."""
     peak = 0
     while not stop.wait(0.005):
@@ -183,14 +182,12 @@ def test_idle_slow_and_excess_connections_are_closed_while_a_session_keeps_worki
                 agent = spawn.Process(target=_agent, args=agent_args, daemon=True)
                 agent.start()
                 assert await asyncio.to_thread(calling.wait, 60), "the agent made no call"
-                sampling_stop = threading.Event()
                 with ThreadPoolExecutor(1) as pool:
-                    sampling = pool.submit(_peak_descriptors, proxy.pid, sampling_stop)
+                    sampling = pool.submit(_peak_descriptors, proxy.pid, stop)
                     try:
                         flood_s, flood_log_lines, flooded, slow = await attack(session.api_key)
                     finally:
                         stop.set()
-                        sampling_stop.set()
                     called = await asyncio.to_thread(results.get, timeout=60)
                     agent.join(10)
                     peak = sampling.result()
