@@ -18,7 +18,8 @@ in the shape of OpenEnv's ``HarborSessionFactory`` rows plus the task's local di
   ``registry_path`` / ``registry_url``.
 
 Every task is parsed by Harbor's own ``Task`` loader, so a row exists only for a task a Harbor trial can run.
-Anything else is a ``TaskDatasetError`` that names the source and what is wrong with it.
+``difficulty`` keeps the tasks whose ``task.toml`` says ``[metadata] difficulty = "<difficulty>"``. Anything
+else is a ``TaskDatasetError`` that names the source and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -47,12 +48,23 @@ def load_task_dataset(
     registry_path: Path | None = None,
     registry_url: str | None = None,
     download_dir: Path | None = None,
+    difficulty: str | None = None,
 ) -> datasets.Dataset:
-    """One row per task of ``source`` (see the module docstring); downloads go to ``download_dir`` if given.
+    """One row per task of ``source`` (see the module docstring), only those of ``difficulty`` if given;
+    downloads go to ``download_dir`` if given.
 
     Harbor downloads are asynchronous underneath, so call this outside a running event loop.
     """
-    return datasets.Dataset.from_list(task_rows(resolve_task_dirs(source, registry_path, registry_url, download_dir)))
+    task_dirs = resolve_task_dirs(source, registry_path, registry_url, download_dir)
+    if difficulty is not None:
+        found = {task_dir: _load_task(task_dir).config.metadata.get("difficulty") for task_dir in task_dirs}
+        task_dirs = [task_dir for task_dir in task_dirs if found[task_dir] == difficulty]
+        if not task_dirs:
+            known = sorted({str(level) for level in found.values() if level is not None})
+            raise TaskDatasetError(
+                f"{source} has no task of difficulty {difficulty!r} (its tasks say: {', '.join(known) or 'none'})"
+            )
+    return datasets.Dataset.from_list(task_rows(task_dirs))
 
 
 def resolve_task_dirs(

@@ -48,6 +48,15 @@ def test_a_single_task_dir_gives_its_one_row(tmp_path: Path) -> None:
     ]
 
 
+def test_a_difficulty_keeps_the_tasks_whose_task_toml_names_it(tmp_path: Path) -> None:
+    rows = load_task_dataset(EXAMPLES, difficulty="easy")
+    easy = [name for name in EXAMPLE_NAMES if 'difficulty = "easy"' in (EXAMPLES / name / "task.toml").read_text()]
+    assert rows["task_name"] == easy and len(easy) == 7
+    assert rows["task_index"] == list(range(len(easy)))
+    with pytest.raises(TaskDatasetError, match="no task of difficulty 'trivial'.*easy, hard, medium"):
+        load_task_dataset(EXAMPLES, difficulty="trivial")
+
+
 def test_subdirectories_without_task_toml_are_not_tasks(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLES / "make-directory", tmp_path / "make-directory")
     (tmp_path / "notes").mkdir()
