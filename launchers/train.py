@@ -50,9 +50,14 @@ CLI installed by ``launchers/install_agents.sh`` (``opencode``, ``codex``, ``cla
 Each rollout of a Harbor harness is one Harbor trial (``harness_grpo.harbor_sessions``) of a task from
 ``--dataset`` (default ``examples/tasks``; also a Harbor registry dataset or ``hf://owner/name``) in
 ``--sandbox`` (default ``local``: isolated on this machine, no Docker; or docker, e2b, modal, daytona
-with ``--proxy_url``), scored by the task's verifier. With the tiny model the CLI is configured as for
-any small model (``SMALL_MODEL_PROMPT``: a short system prompt, its shell tool only)::
+with ``--proxy_url``), scored by the task's verifier; ``--difficulty easy`` keeps the tasks whose ``task.toml``
+says so. With the tiny model the CLI is configured as for any small model (``SMALL_MODEL_PROMPT``: a short system
+prompt, its shell tool only). mini-swe-agent's tiny policy is the warm model after the shell-chore SFT on the
+dataset's instructions (``harness_grpo.tiny_model.shell_sft``: mini's own call format and a repertoire of
+commands drawn uniformly, so on the easy tasks about one rollout in seven is right from the first step and GRPO
+learns which command each task asks for; ``SHELL_CHORE_DEFAULTS``)::
 
+    .venv/bin/python launchers/train.py --harness mini-swe-agent --difficulty easy   # a real CLI that learns
     .venv/bin/python launchers/train.py --harness opencode --max_steps 10
     .venv/bin/python launchers/train.py --config run.yaml   # any flags above as YAML keys
 
@@ -77,6 +82,7 @@ trainer syncs its weights into (so the service must reach that URL too)::
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 import sys
 from dataclasses import dataclass, field, fields
@@ -87,6 +93,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
+from datasets import Dataset  # noqa: E402
 from transformers import HfArgumentParser  # noqa: E402
 
 from examples import submit_task  # noqa: E402
@@ -98,6 +105,7 @@ from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
 from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
 from harness_grpo.services import ServicesError  # noqa: E402
+from harness_grpo.tiny_model.shell_sft import shell_chore_model  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
 HARNESSES = ("tool-agent", *AGENTS, "terminus-2")
@@ -135,6 +143,18 @@ CLI_DEFAULTS = {
 }
 """Overrides of ``CPU_DEFAULTS`` for the coding-agent CLIs: fewer, longer rollouts."""
 
+SHELL_CHORE_DEFAULTS = {
+    "num_generations": 4,
+    "groups_per_step": 2,
+    "max_concurrent_rollouts": 8,
+    "temperature": 1.0,
+    "max_model_calls": 2,
+    "learning_rate": 3e-4,
+    "max_steps": 30,
+}
+"""Overrides of ``CLI_DEFAULTS`` for mini-swe-agent on the tiny model after the shell-chore SFT (no ``--model``, no
+``--vllm_server_base_url``): one command and the submit, sampled as the SFT left them (``bench/cli_learning.py``)."""
+
 
 @dataclass
 class LaunchArgs:
@@ -158,6 +178,10 @@ class LaunchArgs:
             "hf://owner/name; default examples/tasks. (tool-agent has its own built-in task.)"
         },
     )
+    difficulty: str | None = field(
+        default=None,
+        metadata={"help": "Train on the tasks whose task.toml says [metadata] difficulty = this (e.g. easy)."},
+    )
     reward_key: str = field(default="reward", metadata={"help": "The verifier's reward.json key used as reward."})
     proxy_url: str | None = field(
         default=None,
@@ -167,7 +191,8 @@ class LaunchArgs:
         default=None,
         metadata={
             "help": "Hub id or path of the policy; default: tool-agent: the tiny model after the task SFT; "
-            "a Harbor harness: the warm-started tiny model (with SMALL_MODEL_PROMPT)."
+            "mini-swe-agent: the tiny model after the shell-chore SFT on the dataset's instructions; other Harbor "
+            "harnesses: the warm-started tiny model (both with SMALL_MODEL_PROMPT)."
         },
     )
     env_url: str | None = field(
@@ -224,14 +249,19 @@ def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]
     if harness != "tool-agent":
         name = harness.rpartition(":")[2].lower()
         parser.set_defaults(**CLI_DEFAULTS, output_dir=str(REPO / "runs" / f"train-{name}"))
+    own_engine = from_file.get("vllm_server_base_url", known.vllm_server_base_url) is None
+    if harness == "mini-swe-agent" and from_file.get("model", known.model) is None and own_engine:
+        parser.set_defaults(**SHELL_CHORE_DEFAULTS)
     parser.set_defaults(**from_file)
     launch, config, _ = parser.parse_args_into_dataclasses(args=argv)
     if launch.harness == "tool-agent" and launch.dataset is not None:
         parser.error("--dataset is for Harbor harnesses; tool-agent trains on its built-in task")
+    if launch.harness == "tool-agent" and launch.difficulty is not None:
+        parser.error("--difficulty selects Harbor tasks; tool-agent trains on its built-in task")
     if launch.env_url is not None:
         if launch.harness == "tool-agent":
             parser.error("--env_url runs Harbor harnesses: pass --harness (terminus-2, opencode, ...)")
-        for name in ("dataset", "proxy_url"):
+        for name in ("dataset", "difficulty", "proxy_url"):
             if getattr(launch, name) is not None:
                 parser.error(f"--{name} is the rollout service's with --env_url (its tasks are --split's)")
         if config.vllm_server_base_url is None:
@@ -269,6 +299,16 @@ def service_factory(launch: LaunchArgs, args: HarnessGRPOConfig) -> functools.pa
     )
 
 
+def default_cli_model(harness: str, dataset: Dataset, args: HarnessGRPOConfig) -> str:
+    """The tiny policy a Harbor harness trains without ``--model``: on the embedded engine, for mini-swe-agent the
+    warm model after the shell-chore SFT on the dataset's instructions (``harness_grpo.tiny_model.shell_sft``: its
+    call format and a repertoire of commands, so the easy tasks give reward from the first step); else the warm
+    model, which an engine of its own (``--vllm_server_base_url``) must serve."""
+    if harness == "mini-swe-agent" and args.vllm_server_base_url is None:
+        return str(shell_chore_model([row["prompt"][0]["content"] for row in dataset]))
+    return "tiny-warm"
+
+
 def main(argv: list[str] | None = None) -> int:
     launch, args = parse(argv)
     if launch.harness == "tool-agent":
@@ -300,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             print("cannot start:\n" + "\n".join(f"- {problem}" for problem in problems), file=sys.stderr)
             return 2
         try:
-            dataset = load_task_dataset(launch.dataset or TASKS)
+            dataset = load_task_dataset(launch.dataset or TASKS, difficulty=launch.difficulty)
             factory = functools.partial(
                 HarborTrialSessionFactory,
                 harness=launch.harness,
@@ -313,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         except (TaskDatasetError, ValueError) as error:
             print(f"cannot start: {error}", file=sys.stderr)
             return 2
-        model = launch.model or "tiny-warm"
+        model = launch.model or default_cli_model(launch.harness, dataset, args)
     trainer = HarnessAsyncGRPOTrainer(model, factory, args, dataset, rollout_reward_fn=correctness_with_efficiency)
     resume = latest_checkpoint(args.output_dir) if launch.resume else None
     if launch.resume and resume is None:
@@ -325,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not trainer.is_main:
         return 0
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     curve = [entry["rollout/correctness_mean"] for entry in trainer.state.log_history]
     if curve:
         first, last = statistics.mean(curve[: launch.window]), statistics.mean(curve[-launch.window :])

@@ -10,7 +10,9 @@ anything loads.
 
 The launcher hands ``--harness`` to ``HarborTrialSessionFactory`` unchanged, so the other CLIs (claude-code, codex,
 mini-swe-agent) differ only inside the factory's trial, which ``tests/harbor/test_harbor_harnesses.py`` runs and
-checks for each of the five; a launcher run per CLI would add about 70 s of CI each and test nothing more.
+checks for each of the five; a launcher run per CLI would add about 70 s of CI each and test nothing more. But
+mini-swe-agent without ``--model`` has a default of its own (the shell-chore SFT model, ``SHELL_CHORE_DEFAULTS``),
+run here as ``--harness mini-swe-agent --difficulty easy``.
 """
 
 from __future__ import annotations
@@ -133,6 +135,34 @@ def test_launcher_trains_a_harbor_harness_on_local_sandbox_trials(
                 assert index >= first_sync, "a session started after the weight sync was served by the old weights"
     assert {r["policy_version"] for r in rollouts if r["step"] == 2} == {1}, rollouts
     assert len(served) >= sum(len(r["trace"]["turns"]) for r in rollouts)
+
+
+@pytest.mark.timeout(600)
+def test_mini_swe_agent_trains_the_shell_chore_model_on_the_easy_tasks_by_default(tmp_path: Path) -> None:
+    """No ``--model``: the embedded engine serves the tiny model after the shell-chore SFT on the easy tasks'
+    instructions, mini-swe-agent runs each rollout in the local sandbox, and the verifier rewards some."""
+    if agent_binary("mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent is not installed: run launchers/install_agents.sh")
+    from harness_grpo.harbor_tasks import load_task_dataset
+    from harness_grpo.tiny_model.shell_sft import shell_chore_model
+
+    out = tmp_path / "run"
+    argv = [
+        "--harness", "mini-swe-agent", "--difficulty", "easy", "--output_dir", str(out), "--max_steps", "2",
+        "--save_rollouts", "true", "--save_strategy", "no", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    text = _run(argv, tmp_path / "train.log", 540)
+    assert "done at step 2" in text, text[-4000:]
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 2 * 8, text[-4000:]  # SHELL_CHORE_DEFAULTS: two groups of four a step
+    easy = load_task_dataset(REPO / "examples" / "tasks", difficulty="easy")
+    assert {r["task"] for r in rollouts} <= set(easy["task_name"])
+    model = str(shell_chore_model([row[0]["content"] for row in easy["prompt"]]))
+    for rollout in rollouts:
+        assert rollout["error"] is None and rollout["env_reward"] in (0.0, 1.0), rollout
+        turns = rollout["trace"]["turns"]
+        assert 1 <= len(turns) <= 2 and all(turn["metadata"]["model"] == model for turn in turns)
+    assert json.loads((out / "log_history.json").read_text())[-1]["step"] == 2
 
 
 def test_missing_prerequisites_stop_the_launcher_before_anything_loads(tmp_path: Path) -> None:

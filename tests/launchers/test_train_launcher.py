@@ -154,6 +154,24 @@ def test_config_file_sets_any_setting_and_flags_override_it(tmp_path: Path) -> N
     assert args.output_dir.endswith("train-opencode")
 
 
+def test_mini_swe_agent_on_the_embedded_engine_trains_the_shell_chore_model_by_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launcher = _launcher_module()
+    built = []
+    monkeypatch.setattr(launcher, "shell_chore_model", lambda instructions: built.append(instructions) or "sft")
+    rows = [{"prompt": [{"role": "user", "content": "Make `a`."}]}, {"prompt": [{"role": "user", "content": "B."}]}]
+    _, args = launcher.parse(["--harness", "mini-swe-agent", "--difficulty", "easy"])
+    assert launcher.default_cli_model("mini-swe-agent", rows, args) == "sft"
+    assert built == [["Make `a`.", "B."]]
+    assert launcher.default_cli_model("opencode", rows, args) == "tiny-warm"
+    _, remote = launcher.parse(["--harness", "mini-swe-agent", "--vllm_server_base_url", "http://127.0.0.1:1"])
+    assert launcher.default_cli_model("mini-swe-agent", rows, remote) == "tiny-warm"  # what such an engine serves
+    with pytest.raises(SystemExit):
+        launcher.parse(["--difficulty", "easy"])  # tool-agent has no Harbor tasks
+    assert "--difficulty selects Harbor tasks" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
