@@ -54,10 +54,10 @@ with ``--proxy_url``), scored by the task's verifier; ``--difficulty easy`` keep
 says so. With the tiny model the CLI is configured as for any small model (``SMALL_MODEL_PROMPT``: a short system
 prompt, its shell tool only). mini-swe-agent's tiny policy is the warm model after the shell-chore SFT on the
 dataset's instructions (``harness_grpo.tiny_model.shell_sft``: mini's own call format and a repertoire of
-commands drawn uniformly, so on the easy tasks about one rollout in seven is right from the first step and GRPO
-learns which command each task asks for; ``SHELL_CHORE_DEFAULTS``)::
+commands drawn uniformly, so on the easy tasks about one rollout in eight is rewarded from the first step and
+GRPO has to learn which command each task asks for; ``SHELL_CHORE_DEFAULTS``; the README has what it learns)::
 
-    .venv/bin/python launchers/train.py --harness mini-swe-agent --difficulty easy   # a real CLI that learns
+    .venv/bin/python launchers/train.py --harness mini-swe-agent --difficulty easy   # a real CLI, rewarded from step 1
     .venv/bin/python launchers/train.py --harness opencode --max_steps 10
     .venv/bin/python launchers/train.py --config run.yaml   # any flags above as YAML keys
 

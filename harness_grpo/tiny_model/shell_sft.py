@@ -8,8 +8,9 @@ after the tool's output, mini's submit command. The first command is one of ``CH
 **drawn uniformly whatever the instruction asks**, with the instruction's backticked names filled in
 (``repertoire``). So the model calls the tool with commands about the task's own files, and which
 command an instruction asks for is left to GRPO: on the easy tasks of ``examples/tasks`` (one per
-chore) about one rollout in seven starts right, and the verifier's reward rises as the policy learns
-which chore each instruction names (``bench/cli_learning.py``).
+chore) about one rollout in seven starts right, so rollouts earn the verifier's reward from the
+first step; whether the policy then learns which chore each instruction names is measured by
+``bench/cli_learning.py`` (the README has the figures).
 
 The SFT sees the instructions only (``chore_chats``), no verifier and no solution. The tiny model does
 not copy names it has not memorised (a version on synthetic instructions with random names wrote the
