@@ -53,7 +53,7 @@ def test_a_difficulty_keeps_the_tasks_whose_task_toml_names_it(tmp_path: Path) -
     easy = [name for name in EXAMPLE_NAMES if 'difficulty = "easy"' in (EXAMPLES / name / "task.toml").read_text()]
     assert rows["task_name"] == easy and len(easy) == 7
     assert rows["task_index"] == list(range(len(easy)))
-    with pytest.raises(TaskDatasetError, match="no task of difficulty 'trivial'.*easy, hard, medium"):
+    with pytest.raises(TaskDatasetError, match=r"no task of difficulty 'trivial'.*easy, hard, medium"):
         load_task_dataset(EXAMPLES, difficulty="trivial")
 
 
