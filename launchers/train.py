@@ -249,8 +249,8 @@ def parse(argv: list[str] | None = None) -> tuple[LaunchArgs, HarnessGRPOConfig]
     if harness != "tool-agent":
         name = harness.rpartition(":")[2].lower()
         parser.set_defaults(**CLI_DEFAULTS, output_dir=str(REPO / "runs" / f"train-{name}"))
-    own_engine = from_file.get("vllm_server_base_url", known.vllm_server_base_url) is None
-    if harness == "mini-swe-agent" and from_file.get("model", known.model) is None and own_engine:
+    model = from_file.get("model", known.model)
+    if trains_shell_chore_model(harness, model, from_file.get("vllm_server_base_url", known.vllm_server_base_url)):
         parser.set_defaults(**SHELL_CHORE_DEFAULTS)
     parser.set_defaults(**from_file)
     launch, config, _ = parser.parse_args_into_dataclasses(args=argv)
@@ -299,12 +299,18 @@ def service_factory(launch: LaunchArgs, args: HarnessGRPOConfig) -> functools.pa
     )
 
 
+def trains_shell_chore_model(harness: str, model: str | None, vllm_server_base_url: str | None) -> bool:
+    """mini-swe-agent with no ``--model`` on the embedded engine: it trains the shell-chore SFT model, with
+    ``SHELL_CHORE_DEFAULTS``."""
+    return harness == "mini-swe-agent" and model is None and vllm_server_base_url is None
+
+
 def default_cli_model(harness: str, dataset: Dataset, args: HarnessGRPOConfig) -> str:
     """The tiny policy a Harbor harness trains without ``--model``: on the embedded engine, for mini-swe-agent the
     warm model after the shell-chore SFT on the dataset's instructions (``harness_grpo.tiny_model.shell_sft``: its
     call format and a repertoire of commands, so the easy tasks give reward from the first step); else the warm
     model, which an engine of its own (``--vllm_server_base_url``) must serve."""
-    if harness == "mini-swe-agent" and args.vllm_server_base_url is None:
+    if trains_shell_chore_model(harness, None, args.vllm_server_base_url):
         return str(shell_chore_model([row["prompt"][0]["content"] for row in dataset]))
     return "tiny-warm"
 

@@ -10,7 +10,6 @@ from, no task solved by the SFT.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness_grpo.agents import SMALL_MODEL_PROMPT, agent_binary
+from harness_grpo.engine.tool_parser import parse_tool_calls
 from harness_grpo.harbor_tasks import load_task_dataset
 from harness_grpo.rollouts import run_rollout
 from harness_grpo.tiny_model.shell_sft import MINI_BASH_TOOL, chore_chats, chore_of, command_of, shell_chore_model
@@ -73,12 +73,9 @@ def _first_commands(model: Path, instruction: str) -> list[str | None]:
     )
     commands = []
     for row in out:
-        call = re.search(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", tokenizer.decode(row[len(prompt) :]), re.S)
-        try:
-            parsed = json.loads(call.group(1)) if call else {}
-        except json.JSONDecodeError:
-            parsed = {}
-        commands.append(command_of(parsed.get("arguments")) if parsed.get("name") == "bash" else None)
+        _, calls = parse_tool_calls(tokenizer.decode(row[len(prompt) :], skip_special_tokens=False))
+        bash = [call["function"]["arguments"] for call in calls[:1] if call["function"]["name"] == "bash"]
+        commands.append(command_of(bash[0]) if bash else None)
     return commands
 
 
