@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
-import aiohttp
 import orjson
 
 from proxy.dialects.base import TEXT_FIELDS
+from proxy.engine_http import EngineConnectionError, EngineHttp, EngineResponse
 from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -454,7 +454,7 @@ class EngineClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: EngineHttp | None = None
         self._in_flight = 0
         self._retired = False
 
@@ -463,25 +463,22 @@ class EngineClient:
         """Retries counted in ``counters`` (this client's, or every client's sharing them)."""
         return self.counters.retries
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=60)
-            # No session-wide timeout: every call bounds itself (``_post``, ``get_json``).
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(), json_serialize=None
-            )
-        return self._session
+    def _http(self) -> EngineHttp:
+        # No pool-wide timeout: every call bounds itself (``_post``, ``get_json``, ``chat_stream``).
+        if self._pool is None:
+            self._pool = EngineHttp(self.base_url, headers=self._headers, max_connections=self._max_connections)
+        return self._pool
 
     async def close(self) -> None:
         """Close pooled connections (a later call opens a new pool)."""
-        session, self._session = self._session, None  # a call starting while this closes gets a new pool
-        if session is not None:
-            await session.close()
+        pool, self._pool = self._pool, None  # a call starting while this closes gets a new pool
+        if pool is not None:
+            pool.close()
 
     def retire(self) -> asyncio.Task[None] | None:
         """Close the pool once no call is in flight; returns the closing task when that is now."""
         self._retired = True
-        if self._in_flight or self._session is None:
+        if self._in_flight or self._pool is None:
             return None
         return asyncio.get_running_loop().create_task(self.close())
 
@@ -516,7 +513,6 @@ class EngineClient:
         abandoned stream drops its engine connection at once.
         """
         payload = body if isinstance(body, bytes) else dumps_bounded(body)
-        url = self.base_url + route
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         attempt = 0
         self._in_flight += 1
@@ -526,15 +522,15 @@ class EngineClient:
                 retry: str | None = None
                 try:
                     async with asyncio.timeout_at(deadline):
-                        response = await self._http().post(url, data=payload, headers=self._headers)
+                        response = await self._http().request("POST", route, payload)
                     async with response:
                         if response.status != 200:
                             async with asyncio.timeout_at(deadline):
                                 data = await response.read()
                             failure = _retryable_failure(response.status, data)
-                            retry = response.headers.get("Retry-After")
+                            retry = response.headers.get("retry-after")
                         else:
-                            async for events in _sse_data(response.content, deadline):
+                            async for events in _sse_data(response, deadline):
                                 done = b"[DONE]" in events
                                 if done:
                                     events = events[: events.index(b"[DONE]")]
@@ -550,7 +546,7 @@ class EngineClient:
                             raise MalformedUpstream("the stream ended before data: [DONE]")
                 except TimeoutError:  # the budget is spent: never retried
                     raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                except EngineConnectionError as exc:
                     if received:
                         raise UpstreamError(502, f"engine stream broke ({exc})") from None
                     failure = UpstreamError(502, f"engine unreachable ({exc})")
@@ -582,12 +578,12 @@ class EngineClient:
         self._in_flight += 1
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self._http().get(self.base_url + path, headers=self._headers) as resp:
+                async with await self._http().request("GET", path) as resp:
                     data = await resp.read()
-                    if resp.status != 200:
-                        raise UpstreamError(502, f"engine {path} answered {resp.status}")
-                    answer = orjson.loads(data)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+                if resp.status != 200:
+                    raise UpstreamError(502, f"engine {path} answered {resp.status}")
+                answer = orjson.loads(data)
+        except (EngineConnectionError, TimeoutError) as exc:
             raise UpstreamError(502, f"engine {path} unreachable: {type(exc).__name__}: {exc}") from None
         except orjson.JSONDecodeError:
             raise UpstreamError(502, f"engine {path} answered invalid JSON") from None
@@ -600,7 +596,6 @@ class EngineClient:
         return answer
 
     async def _post(self, path: str, payload: bytes) -> dict[str, Any]:
-        url = self.base_url + path
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s  # the whole call's budget: attempts and waits
         attempt = 0
@@ -610,13 +605,13 @@ class EngineClient:
                 retry: str | None = None
                 try:
                     async with asyncio.timeout_at(deadline):
-                        async with self._http().post(url, data=payload, headers=self._headers) as resp:
+                        async with await self._http().request("POST", path, payload) as resp:
                             status = resp.status
                             data = await resp.read()
-                            retry_after = resp.headers.get("Retry-After")
+                            retry_after = resp.headers.get("retry-after")
                 except TimeoutError:  # the budget is spent: never retried
                     raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None
-                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                except EngineConnectionError as exc:
                     failure = UpstreamError(502, f"engine unreachable ({exc})")
                 else:
                     if status == 200:
@@ -647,7 +642,7 @@ def _retryable_failure(status: int, data: bytes) -> UpstreamError:
     return failure
 
 
-async def _sse_data(content: aiohttp.StreamReader, deadline: float) -> AsyncIterator[list[bytes]]:
+async def _sse_data(content: EngineResponse, deadline: float) -> AsyncIterator[list[bytes]]:
     """The ``data`` of the SSE events of ``content`` (each event's data lines joined by newlines), a list per
     read: the events completed by what arrived. Each read is bounded by ``deadline``; other fields and
     comments are skipped. Lines may be of any length (a prompt's ids)."""
