@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.engine_request_cost                  # 3 rounds of 2000 requests each
     .venv/bin/python -m bench.engine_request_cost --requests 500 --rounds 1
 
-One aiohttp server on loopback answers every POST with a ~9 kB JSON body (a prompt's ids and a completion,
+One aiohttp server on loopback answers every POST with a ~7 kB JSON body (a prompt's ids and a completion,
 the size of a chat answer with ``return_token_ids``); this process, pinned to one core on uvloop as
 ``python -m proxy`` runs, sends ``--requests`` POSTs of a ~6.5 kB chat body one after another through each
 client in turn, over one kept-alive connection, and prints the client's CPU per request (``process_time``,
