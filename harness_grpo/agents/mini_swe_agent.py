@@ -1,17 +1,23 @@
-"""mini-swe-agent: the ``mini`` CLI, non-interactive (``-y --exit-immediately``), LiteLLM ``openai/<model>``.
+"""mini-swe-agent: the ``mini`` CLI, non-interactive (``-y --exit-immediately``), chat completions.
 
-LiteLLM reaches the proxy at ``OPENAI_API_BASE`` = ``<proxy>/v1``; chat completions. The global config
+Its model is ``ProxyChatModel`` (``mini_swe_agent_model.py``, written into ``home`` and named with
+``model.model_class``): mini's own requests-based model pointed at ``OPENAI_API_BASE`` = ``<proxy>/v1``,
+instead of its LiteLLM default, whose import alone costs about 10 s of CPU per run. The global config
 dir is under ``home`` and ``MSWEA_CONFIGURED`` skips the first-run wizard; cost tracking ignores the
-unknown model; LiteLLM uses its bundled cost map (no fetch). ``agent.step_limit`` bounds its loop. The
-trajectory goes to ``home/mini.traj.json`` (output ``trajectory``). A
-system prompt replaces both its templates (system, and the workflow rules around the task).
+unknown model. ``agent.step_limit`` bounds its loop. The trajectory goes to ``home/mini.traj.json``
+(output ``trajectory``). A system prompt replaces both its templates (system, and the workflow rules
+around the task).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from harness_grpo.agents.spec import AgentCommand, AgentLaunch, AgentSpec, Install
+
+MODEL_MODULE = "harness_mini_model"
+MODEL_SOURCE = Path(__file__).with_name("mini_swe_agent_model.py")
 
 
 def configure(launch: AgentLaunch) -> AgentCommand:
@@ -27,11 +33,13 @@ def configure(launch: AgentLaunch) -> AgentCommand:
         "-y",
         "--exit-immediately",
         "-m",
-        f"openai/{launch.model}",
+        launch.model,
         "-t",
         launch.task,
         "-c",
         "mini.yaml",
+        "-c",
+        f"model.model_class={MODEL_MODULE}.ProxyChatModel",
         "-c",
         f"agent.step_limit={launch.max_steps}",
         "-c",
@@ -47,11 +55,12 @@ def configure(launch: AgentLaunch) -> AgentCommand:
             "MSWEA_CONFIGURED": "1",
             "MSWEA_SILENT_STARTUP": "1",
             "MSWEA_COST_TRACKING": "ignore_errors",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "PYTHONPATH": str(launch.home),
             "OPENAI_API_KEY": launch.api_key,
             "OPENAI_API_BASE": f"{launch.base_url}/v1",
             "PYTHONUNBUFFERED": "1",
         },
+        files={launch.home / f"{MODEL_MODULE}.py": MODEL_SOURCE.read_text()},
         outputs={"trajectory": trajectory},
     )
 

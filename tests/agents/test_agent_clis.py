@@ -24,6 +24,7 @@ Skipped, with the reason, only when the CLI is not installed (``launchers/instal
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -76,6 +77,9 @@ def test_agent_session_is_captured_exactly(agent: str, agent_stack: AgentStack, 
     )
     if agent_stack.engine.kind == "fake":
         _assert_fake_session(agent_stack, turns, run)
+    if agent == "mini-swe-agent":  # mini's requests-based model, not its LiteLLM default (10 s of imports)
+        trajectory = json.loads(run.files["trajectory"].read_text())
+        assert trajectory["info"]["config"]["model_type"] == "harness_mini_model.ProxyChatModel", run.tail()
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -213,3 +217,21 @@ def _assert_fake_session(stack: AgentStack, turns: list[dict[str, Any]], run: Ag
     )
     linked = [t for t in agent_turns if t["metadata"]["parent_id"] is not None]
     assert len(linked) >= fake.tool_turns, f"agent turns were not linked by exact prefix: {len(linked)} linked"
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.skipif(agent_binary("mini-swe-agent") is None, reason="mini-swe-agent is not installed")
+def test_mini_swe_agent_ends_at_a_refusal(agent_stack: AgentStack, tmp_path: Path) -> None:
+    """A key the proxy refuses (401) ends mini's run at its first call: its model retries only what a retry can
+    change (mini waits 4 to 60 s between up to 10 tries)."""
+    run = run_agent(
+        "mini-swe-agent",
+        TempDirSandbox(prefix="mini-refused-", dir=tmp_path),
+        base_url=agent_stack.url,
+        api_key="not-a-session-key",
+        model=AGENT_MODEL,
+        task=TASK,
+        timeout_s=RUN_TIMEOUT_S,
+    )
+    assert not run.timed_out and run.elapsed_s < 30, run.tail()
+    assert "HTTP 401" in run.tail(), run.tail()
