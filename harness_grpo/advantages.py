@@ -14,6 +14,13 @@ Degenerate groups carry no signal and get A = 0 for every rollout, flagged in `G
     exactly. Without the flag, float round-off in `r - mean` divided by eps could turn "no signal"
     into advantages of order 1e-9 / 1e-8 — so they are set to exactly 0.
   * `all_unscorable`: no rollout was scored; mean and std are NaN.
+
+`step_advantages` applies one of two baselines to a step's groups: "group" (GRPO: each group's own, as
+above) or "batch" (one mean, and std with `scale`, over every scored reward of the step, as REINFORCE++'s
+global normalisation). With "batch", a group whose rollouts all scored alike is trained too: below the
+step's mean its rollouts are pushed down, above it up. That is the signal a task gets where a policy fails
+every rollout of it while succeeding on others: under "group" such a task's choices are never penalised,
+and what the step rewards elsewhere spreads to it unopposed. Stats stay per group either way.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["GroupStats", "combine_rewards", "group_advantages", "group_metrics"]
+__all__ = ["BASELINES", "GroupStats", "combine_rewards", "group_advantages", "group_metrics", "step_advantages"]
+
+BASELINES = ("group", "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,29 @@ def group_advantages(
     denom = std + eps if scale else 1.0
     advantages = [0.0 if v is None else (v - mean) / denom for v in values]
     return advantages, GroupStats(n, k, mean, std, zero_std=False, all_unscorable=False)
+
+
+def step_advantages(
+    groups: Sequence[Sequence[float | None]], *, baseline: str = "group", scale: bool = True, eps: float = 1e-8
+) -> list[tuple[list[float], GroupStats]]:
+    """Each group's advantages (in input order) and its own ``GroupStats``, against ``baseline`` (see the module
+    docstring). With "batch", None/NaN get 0 and a step whose scored rewards are all equal gets all zeros."""
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, not {baseline!r}")
+    per_group = [group_advantages(group, scale=scale, eps=eps) for group in groups]
+    if baseline == "group":
+        return per_group
+    values = [[_scored(r, i) for i, r in enumerate(group)] for group in groups]
+    scored = [v for group in values for v in group if v is not None]
+    if not scored or min(scored) == max(scored):
+        return [([0.0] * len(group), stats) for group, (_, stats) in zip(groups, per_group, strict=True)]
+    mean = math.fsum(scored) / len(scored)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in scored) / len(scored))
+    denom = std + eps if scale else 1.0
+    return [
+        ([0.0 if v is None else (v - mean) / denom for v in group], stats)
+        for group, (_, stats) in zip(values, per_group, strict=True)
+    ]
 
 
 def combine_rewards(values: Sequence[float | None], weights: Sequence[float] | None = None) -> float | None:

@@ -24,7 +24,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from harness_grpo.advantages import group_advantages
+from harness_grpo.advantages import step_advantages
 
 COLUMNS = ("step", "group", "prompt", "episode", "reward", "advantage", "env_reward", "turns", "tool_calls", "error")
 
@@ -67,12 +67,18 @@ def render_episode(messages: Sequence[dict[str, Any]]) -> str:
 
 
 def episode_rows(
-    groups: Sequence[Any], rewards: Sequence[Sequence[float | None]], *, step: int, scale_rewards: bool
+    groups: Sequence[Any],
+    rewards: Sequence[Sequence[float | None]],
+    *,
+    step: int,
+    scale_rewards: bool,
+    baseline: str = "group",
 ) -> list[dict[str, Any]]:
-    """One row per rollout of ``groups`` (``RolloutGroup``s; ``rewards[i]``: group i's rewards), columns ``COLUMNS``."""
+    """One row per rollout of ``groups`` (``RolloutGroup``s; ``rewards[i]``: group i's rewards), columns ``COLUMNS``;
+    the advantages the trainer used (``step_advantages`` with ``baseline`` and ``scale_rewards``)."""
     rows = []
-    for group, group_rewards in zip(groups, rewards, strict=True):
-        advantages, _ = group_advantages(list(group_rewards), scale=scale_rewards)
+    advantaged = step_advantages(rewards, baseline=baseline, scale=scale_rewards)
+    for group, group_rewards, (advantages, _) in zip(groups, rewards, advantaged, strict=True):
         prompt = group.row.get("prompt")
         for outcome, reward, advantage in zip(group.outcomes, group_rewards, advantages, strict=True):
             rows.append(
@@ -156,6 +162,7 @@ def log_episodes(
     *,
     step: int,
     scale_rewards: bool,
+    baseline: str = "group",
     console: Console,
     limit: int | None,
     report_to: Sequence[str],
@@ -163,7 +170,7 @@ def log_episodes(
     output_dir: Path,
 ) -> list[dict[str, Any]]:
     """Print and report the step's episodes (see the module docstring); returns the table's rows."""
-    rows = episode_rows(groups, rewards, step=step, scale_rewards=scale_rewards)
+    rows = episode_rows(groups, rewards, step=step, scale_rewards=scale_rewards, baseline=baseline)
     print_episodes(console, rows, limit)
     report_table(rows, report_to=report_to, callbacks=callbacks, step=step, output_dir=output_dir)
     return rows

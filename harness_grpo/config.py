@@ -41,6 +41,7 @@ from typing import ClassVar
 import torch
 from transformers import TrainingArguments
 
+from harness_grpo.advantages import BASELINES
 from harness_grpo.training_args import check_optim_name, check_training_args
 from harness_grpo.trl_settings import apply_trl_settings, trl_refused
 
@@ -269,6 +270,14 @@ class HarnessGRPOConfig(TrainingArguments):
             "'batch' is refused."
         },
     )
+    advantage_baseline: str = field(
+        default="group",
+        metadata={
+            "help": "'group': each group's own mean (GRPO); 'batch': one mean over the step's scored rollouts "
+            "(REINFORCE++'s), so a task whose rollouts all failed while others succeeded is trained too "
+            "(harness_grpo.advantages). scale_rewards divides by the same baseline's std."
+        },
+    )
     loss_weighting: str = field(
         default="token",
         metadata={
@@ -413,6 +422,8 @@ class HarnessGRPOConfig(TrainingArguments):
                 f"{changed}: training samples the full vocabulary (top_p=1, top_k=-1, min_p=0, repetition_penalty=1); "
                 "a truncated or penalised distribution makes the engine's logprobs disagree with the loss"
             )
+        if self.advantage_baseline not in BASELINES:
+            raise ValueError(f"advantage_baseline must be one of {BASELINES}, not {self.advantage_baseline!r}")
         if self.loss_weighting not in ("token", "rollout"):
             raise ValueError("loss_weighting must be 'token' or 'rollout'")
         self.train_roles = tuple(self.train_roles)

@@ -53,7 +53,7 @@ from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl
 from transformers.utils import logging as hf_logging
 
-from harness_grpo.advantages import group_advantages, group_metrics
+from harness_grpo.advantages import group_metrics, step_advantages
 from harness_grpo.checkpoints import HarnessTrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from harness_grpo.completion_log import log_episodes
 from harness_grpo.config import HarnessGRPOConfig
@@ -487,8 +487,8 @@ class HarnessAsyncGRPOTrainer:
         group_stats = []
         rows: list[Row] = []
         row_stats = RowStats()
-        for group, group_rewards in zip(groups, scores, strict=True):
-            advantages, stats = group_advantages(group_rewards, scale=args.scale_rewards)
+        advantaged = step_advantages(scores, baseline=args.advantage_baseline, scale=args.scale_rewards)
+        for group, group_rewards, (advantages, stats) in zip(groups, scores, advantaged, strict=True):
             group_stats.append((group_rewards, stats))
             rewards += group_rewards
             for index, (outcome, reward, advantage) in enumerate(
@@ -623,6 +623,7 @@ class HarnessAsyncGRPOTrainer:
                 rewards,
                 step=self.state.global_step,
                 scale_rewards=self.args.scale_rewards,
+                baseline=self.args.advantage_baseline,
                 console=self._progress.console,
                 limit=self.args.num_completions_to_print,
                 report_to=self.args.report_to,

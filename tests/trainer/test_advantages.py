@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness_grpo.advantages import combine_rewards, group_advantages, group_metrics
+from harness_grpo.advantages import combine_rewards, group_advantages, group_metrics, step_advantages
 
 
 def test_scaled_advantages_use_population_std() -> None:
@@ -88,3 +88,22 @@ def test_group_metrics() -> None:
     assert m["frac_reward_zero_std"] == 0.5
     assert m["rollout/unscorable_frac"] == pytest.approx(2 / 6)
     assert m["rollout/unscorable_groups"] == 1.0
+
+
+def test_batch_baseline_trains_a_group_whose_rollouts_all_failed() -> None:
+    """'batch': one mean (and std) over the step; the failed group is pushed down, the stats stay per group."""
+    steps = step_advantages([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]], baseline="batch", scale=False)
+    (mixed, mixed_stats), (failed, failed_stats) = steps
+    assert mixed == [0.75, -0.25, 0.75, -0.25]
+    assert failed == [-0.25] * 4
+    assert failed_stats.zero_std and not mixed_stats.zero_std
+    grouped = step_advantages([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]], baseline="group", scale=False)
+    assert [a for a, _ in grouped] == [[0.5, -0.5, 0.5, -0.5], [0.0] * 4]
+
+
+def test_batch_baseline_scales_by_the_step_std_and_skips_unscorable() -> None:
+    (first, _), (second, _) = step_advantages([[1.0, None], [0.0, math.nan]], baseline="batch")
+    assert first == [pytest.approx(1.0), 0.0] and second == [pytest.approx(-1.0), 0.0]
+    assert [a for a, _ in step_advantages([[0.5, 0.5], [0.5, None]], baseline="batch")] == [[0.0, 0.0], [0.0, 0.0]]
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        step_advantages([[1.0, 0.0]], baseline="global")

@@ -559,3 +559,9 @@ def test_callbacks_see_the_events_of_a_real_white_box_run(tmp_path: Path) -> Non
     assert names.index("on_optimizer_step") > names.index("on_step_begin")
     (entry,) = trainer.state.log_history
     assert "skipped_no_signal" not in entry and entry["policy_version"] == 1.0
+
+
+def test_an_unknown_advantage_baseline_is_refused(tmp_path: Path) -> None:
+    assert _args(tmp_path, advantage_baseline="batch").advantage_baseline == "batch"
+    with pytest.raises(ValueError, match=r"advantage_baseline must be one of \('group', 'batch'\), not 'global'"):
+        _args(tmp_path, advantage_baseline="global")
