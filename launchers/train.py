@@ -144,16 +144,20 @@ CLI_DEFAULTS = {
 """Overrides of ``CPU_DEFAULTS`` for the coding-agent CLIs: fewer, longer rollouts."""
 
 SHELL_CHORE_DEFAULTS = {
-    "num_generations": 4,
-    "groups_per_step": 2,
+    "num_generations": 8,
+    "groups_per_step": 4,
     "max_concurrent_rollouts": 8,
     "temperature": 1.0,
     "max_model_calls": 2,
     "learning_rate": 3e-4,
+    "beta": 0.1,
+    "advantage_baseline": "batch",
     "max_steps": 30,
 }
 """Overrides of ``CLI_DEFAULTS`` for mini-swe-agent on the tiny model after the shell-chore SFT (no ``--model``, no
-``--vllm_server_base_url``): one command and the submit, sampled as the SFT left them (``bench/cli_learning.py``)."""
+``--vllm_server_base_url``): one command and the submit, sampled as the SFT left them, 32 trials a step; the KL term
+keeps the names the SFT copies, the batch baseline trains the tasks a step fails every time (``bench/cli_learning.py``,
+README)."""
 
 
 @dataclass

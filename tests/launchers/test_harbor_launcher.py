@@ -154,7 +154,7 @@ def test_mini_swe_agent_trains_the_shell_chore_model_on_the_easy_tasks_by_defaul
     text = _run(argv, tmp_path / "train.log", 540)
     assert "done at step 2" in text, text[-4000:]
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert len(rollouts) == 2 * 8, text[-4000:]  # SHELL_CHORE_DEFAULTS: two groups of four a step
+    assert len(rollouts) == 2 * 32, text[-4000:]  # SHELL_CHORE_DEFAULTS: four groups of eight a step
     easy = load_task_dataset(REPO / "examples" / "tasks", difficulty="easy")
     assert {r["task"] for r in rollouts} <= set(easy["task_name"])
     model = str(shell_chore_model([row[0]["content"] for row in easy["prompt"]]))
