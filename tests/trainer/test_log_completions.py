@@ -78,6 +78,7 @@ def test_log_completions_prints_episodes_and_writes_a_tensorboard_table(tmp_path
         disable_tqdm=True,
         log_completions=True,
         num_completions_to_print=3,
+        advantage_baseline="batch",
     )
     trainer = HarnessAsyncGRPOTrainer(
         "tiny", args=args, train_dataset=[{"prompt": "Read notes.txt."}], rollout_func=tool_episode
@@ -104,3 +105,8 @@ def test_log_completions_prints_episodes_and_writes_a_tensorboard_table(tmp_path
         assert list(saved.columns) == list(COLUMNS) and len(saved) == 4 and set(saved["step"]) == {step}
         assert all(TOOL_RESULT in episode for episode in saved["episode"])
         assert saved["reward"].tolist() == pytest.approx(saved["env_reward"].tolist())
+        rewards = saved["reward"].tolist()  # the step's baseline, not each group's: (r - step mean) / step std
+        mean = sum(rewards) / len(rewards)
+        std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+        expected = [(r - mean) / (std + 1e-8) if std > 0 else 0.0 for r in rewards]
+        assert saved["advantage"].tolist() == pytest.approx(expected)
