@@ -311,8 +311,8 @@ async def plan_prompt(
         full = at = None
         rendered, closing = index.rendered, index.closing  # the last call's: this call's rendering replaces it
         if rendered is not None and closing is not None and _renders_once(rendered, restored, end, history):
-            full = await _full(client, request, restored, history, index)
-            at = _closing_stop(full, rendered.ids, closing, ids[-1])
+            full, packed = await _full(client, request, restored, history, index)
+            at = _closing_stop(full, packed, rendered.ids, closing, ids[-1])
         if at is not None:
             tokens = ids + full[at + 1 :]
         else:
@@ -348,12 +348,14 @@ def _renders_once(rendered: _Rendered, messages: list[dict[str, Any]], end: int,
     return not reasoning_of(messages[end]) and rendered.head == history.head and messages[:end] == rendered.messages
 
 
-def _closing_stop(full: list[int], before: array[int], closing: list[int], stop_id: int) -> int | None:
+def _closing_stop(
+    full: list[int], packed: array[int] | None, before: array[int], closing: list[int], stop_id: int
+) -> int | None:
     """Where the matched turn closes in ``full``, the rendering of a history ``_renders_once`` admitted: ``full``
     starts with ``before`` (the last rendering), and the first ``stop_id`` after it is followed by ``closing``
     (the template's trailer and the first id of a message, learned from a call rendered twice). None where that
     does not hold."""
-    if _packed(full[: len(before)]) != before:
+    if packed is None or packed[: len(before)] != before:  # same-type arrays compare as memory
         return None
     try:
         at = full.index(stop_id, len(before))
@@ -368,13 +370,15 @@ async def _full(
     messages: list[dict[str, Any]],
     history: History | None,
     index: BridgeIndex,
-) -> list[int]:
-    """The rendering of ``messages`` with the generation prompt, kept as the session's last rendering (when
-    ``history`` is the request's: not for a variant of its messages)."""
+) -> tuple[list[int], array[int] | None]:
+    """The rendering of ``messages`` with the generation prompt, and the same ids packed where it is kept as the
+    session's last rendering (when ``history`` is the request's: not for a variant of its messages; None
+    otherwise, and for an id past 64 bits)."""
     full = await client.tokenize({**request, "messages": messages, "add_generation_prompt": True})
-    if history is not None and (packed := _packed(full)) is not None:
+    packed = _packed(full) if history is not None else None
+    if history is not None and packed is not None:
         index.rendered = _Rendered(messages, history.head, packed)
-    return full
+    return full, packed
 
 
 def _packed(ids: list[int]) -> array[int] | None:
@@ -399,7 +403,7 @@ async def _renderings(
     with ``prefix``."""
     prefix_request = {**request, "messages": messages[: end + 1], "add_generation_prompt": False}
     if full is None:
-        prefix, full = await asyncio.gather(
+        prefix, (full, _) = await asyncio.gather(
             client.tokenize(prefix_request), _full(client, request, messages, history, index)
         )
     else:

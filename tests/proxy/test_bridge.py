@@ -278,11 +278,18 @@ def test_a_template_that_re_renders_earlier_turns_falls_back(tmp_path: Path) -> 
 def test_a_turn_rendered_once_closes_at_the_first_stop_id_followed_by_the_templates_closing() -> None:
     before = array("q", [1, 5, 2, 3, 1, 6])  # the last call's rendering, up to the generation prompt
     closing = [NEWLINE, IM_START]
-    assert _closing_stop([*before, 9, IM_END, NEWLINE, IM_START, 7], before, closing, IM_END) == 7
+
+    def closing_stop(full: list[int]) -> int | None:
+        return _closing_stop(full, array("q", full), before, closing, IM_END)
+
+    assert closing_stop([*before, 9, IM_END, NEWLINE, IM_START, 7]) == 7
     # a stop id inside the turn's text (a special token written out) is not where it closes
-    assert _closing_stop([*before, IM_END, 9, IM_END, NEWLINE, IM_START], before, closing, IM_END) is None
-    assert _closing_stop([1, 5, 2, 3, 1, 7, 9, IM_END, NEWLINE, IM_START], before, closing, IM_END) is None
-    assert _closing_stop([*before, 9, 9], before, closing, IM_END) is None
+    assert closing_stop([*before, IM_END, 9, IM_END, NEWLINE, IM_START]) is None
+    assert closing_stop([1, 5, 2, 3, 1, 7, 9, IM_END, NEWLINE, IM_START]) is None
+    assert closing_stop([*before, 9, 9]) is None
+    assert closing_stop(list(before[:4])) is None  # shorter than the last rendering
+    # a rendering that could not be packed (an id past 64 bits) is never closed here: it is rendered twice
+    assert _closing_stop([*before, 9, IM_END, NEWLINE, IM_START, 2**70], None, before, closing, IM_END) is None
 
 
 def test_an_unfinished_turn_an_engine_without_the_route_and_a_session_that_opts_out_are_not_bridged(
