@@ -376,7 +376,7 @@ async def _full(
     otherwise, and for an id past 64 bits)."""
     full = await client.tokenize({**request, "messages": messages, "add_generation_prompt": True})
     packed = _packed(full) if history is not None else None
-    if history is not None and packed is not None:
+    if packed is not None:
         index.rendered = _Rendered(messages, history.head, packed)
     return full, packed
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from harness_grpo.agents.spec import AgentCommand, AgentLaunch, AgentSpec, Install
 
 MODEL_MODULE = "harness_mini_model"
-MODEL_SOURCE = Path(__file__).with_name("mini_swe_agent_model.py")
+MODEL_SOURCE = Path(__file__).with_name("mini_swe_agent_model.py").read_text()  # read once, written per run
 
 
 def configure(launch: AgentLaunch) -> AgentCommand:
@@ -60,7 +60,7 @@ def configure(launch: AgentLaunch) -> AgentCommand:
             "OPENAI_API_BASE": f"{launch.base_url}/v1",
             "PYTHONUNBUFFERED": "1",
         },
-        files={launch.home / f"{MODEL_MODULE}.py": MODEL_SOURCE.read_text()},
+        files={launch.home / f"{MODEL_MODULE}.py": MODEL_SOURCE},
         outputs={"trajectory": trajectory},
     )
 
