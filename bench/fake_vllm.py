@@ -45,6 +45,8 @@ sometimes are), and, at stream frame ``n`` (0 is the role chunk),
 ``[DONE]``), ``("pause", n, event)`` (the stream waits for the event). ``calls``
 counts the chat requests that arrived, ``cancelled`` those whose caller went
 away while they waited (a delay, ``latency_s``, a hold) or streamed.
+``FakeVLLM.tokenize_faults`` is consumed likewise by ``/tokenize``: each entry maps the
+rendering's ids to the ``tokens`` the answer carries (a malformed answer of any shape).
 A body the fake template can't render is answered 400, as vLLM answers a
 request its validation refuses.
 
@@ -59,6 +61,7 @@ import asyncio
 import functools
 import json
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -141,6 +144,7 @@ class FakeVLLM:
         self.count_messages = count_messages
         self.sample_seed = sample_seed
         self.faults: list[tuple | None] = []
+        self.tokenize_faults: list[Callable[[list[int]], Any]] = []
         self.calls = 0
         self.token_calls = 0
         self.tokenize_calls = 0
@@ -184,7 +188,8 @@ class FakeVLLM:
             )
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
             return _bad_request(f"invalid request: {type(exc).__name__}: {exc}")
-        return web.json_response({"count": len(ids), "max_model_len": 131072, "tokens": ids, "token_strs": None})
+        tokens = self.tokenize_faults.pop(0)(ids) if self.tokenize_faults else ids
+        return web.json_response({"count": len(ids), "max_model_len": 131072, "tokens": tokens, "token_strs": None})
 
     async def _chat_tokens(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())

@@ -214,7 +214,7 @@ class BridgeIndex:
         self.stats = BridgeStats()
         self.last: History | None = None
         self.rendered: _Rendered | None = None
-        self.closing: list[int] | None = None
+        self.closing: array[int] | None = None
 
     def add(
         self,
@@ -311,10 +311,10 @@ async def plan_prompt(
         full = at = None
         rendered, closing = index.rendered, index.closing  # the last call's: this call's rendering replaces it
         if rendered is not None and closing is not None and _renders_once(rendered, restored, end, history):
-            full, packed = await _full(client, request, restored, history, index)
-            at = _closing_stop(full, packed, rendered.ids, closing, ids[-1])
+            full = await _full(client, request, restored, history, index)
+            at = _closing_stop(full, rendered.ids, closing, ids[-1])
         if at is not None:
-            tokens = ids + full[at + 1 :]
+            tokens = ids + full[at + 1 :].tolist()
         else:
             renderings = await _renderings(client, request, restored, end, history, index, full)
             if renderings is None and any(reasoning_of(m) for m in restored[: end + 1] if _is_assistant(m)):
@@ -329,10 +329,10 @@ async def plan_prompt(
             if trailer is None:
                 return BridgePlan(history, fallback=RE_RENDER)
             index.closing = trailer + suffix[:1]
-            tokens = ids + trailer + suffix
+            tokens = ids + (trailer + suffix).tolist()
     except UpstreamError:
         return BridgePlan(history, fallback=ENGINE)
-    saved = 0 if full[: len(ids)] == ids else len(ids)  # the rendering extends the turn anyway: nothing saved
+    saved = 0 if full[: len(ids)].tolist() == ids else len(ids)  # the rendering extends the turn anyway: nothing saved
     return BridgePlan(history, tokens=tokens, saved_tokens=saved)
 
 
@@ -348,14 +348,12 @@ def _renders_once(rendered: _Rendered, messages: list[dict[str, Any]], end: int,
     return not reasoning_of(messages[end]) and rendered.head == history.head and messages[:end] == rendered.messages
 
 
-def _closing_stop(
-    full: list[int], packed: array[int] | None, before: array[int], closing: list[int], stop_id: int
-) -> int | None:
+def _closing_stop(full: array[int], before: array[int], closing: array[int], stop_id: int) -> int | None:
     """Where the matched turn closes in ``full``, the rendering of a history ``_renders_once`` admitted: ``full``
     starts with ``before`` (the last rendering), and the first ``stop_id`` after it is followed by ``closing``
     (the template's trailer and the first id of a message, learned from a call rendered twice). None where that
     does not hold."""
-    if packed is None or packed[: len(before)] != before:  # same-type arrays compare as memory
+    if full[: len(before)] != before:  # same-type arrays compare as memory
         return None
     try:
         at = full.index(stop_id, len(before))
@@ -370,23 +368,13 @@ async def _full(
     messages: list[dict[str, Any]],
     history: History | None,
     index: BridgeIndex,
-) -> tuple[list[int], array[int] | None]:
-    """The rendering of ``messages`` with the generation prompt, and the same ids packed where it is kept as the
-    session's last rendering (when ``history`` is the request's: not for a variant of its messages; None
-    otherwise, and for an id past 64 bits)."""
+) -> array[int]:
+    """The rendering of ``messages`` with the generation prompt, kept as the session's last rendering when
+    ``history`` is the request's (not for a variant of its messages)."""
     full = await client.tokenize({**request, "messages": messages, "add_generation_prompt": True})
-    packed = _packed(full) if history is not None else None
-    if packed is not None:
-        index.rendered = _Rendered(messages, history.head, packed)
-    return full, packed
-
-
-def _packed(ids: list[int]) -> array[int] | None:
-    """``ids`` as a compact array (None for an id past 64 bits: such a rendering is not kept)."""
-    try:
-        return array("q", ids)
-    except OverflowError:
-        return None
+    if history is not None:
+        index.rendered = _Rendered(messages, history.head, full)
+    return full
 
 
 async def _renderings(
@@ -396,14 +384,14 @@ async def _renderings(
     end: int,
     history: History | None,
     index: BridgeIndex,
-    full: list[int] | None = None,
-) -> tuple[list[int], list[int], list[int]] | None:
+    full: array[int] | None = None,
+) -> tuple[array[int], array[int], array[int]] | None:
     """``(prefix, suffix, full)``: the rendering of ``messages[:end+1]``, what the rendering of all of them (with
     the generation prompt, ``full``: rendered here unless given) adds to it; None when ``full`` does not start
     with ``prefix``."""
     prefix_request = {**request, "messages": messages[: end + 1], "add_generation_prompt": False}
     if full is None:
-        prefix, (full, _) = await asyncio.gather(
+        prefix, full = await asyncio.gather(
             client.tokenize(prefix_request), _full(client, request, messages, history, index)
         )
     else:
@@ -413,7 +401,7 @@ async def _renderings(
     return prefix, full[len(prefix) :], full
 
 
-def _trailer(rendering: list[int], stop_id: int) -> list[int] | None:
+def _trailer(rendering: array[int], stop_id: int) -> array[int] | None:
     """The ids ``rendering`` has after its last ``stop_id``, if that is within its last ``MAX_TRAILER + 1`` ids."""
     for position in range(len(rendering) - 1, max(-1, len(rendering) - MAX_TRAILER - 2), -1):
         if rendering[position] == stop_id:

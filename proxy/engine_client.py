@@ -31,6 +31,7 @@ import math
 import operator
 import time
 import uuid
+from array import array
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from itertools import repeat
@@ -491,13 +492,17 @@ class EngineClient:
         """
         return await self._post(route, body if isinstance(body, bytes) else dumps_bounded(body))
 
-    async def tokenize(self, body: dict[str, Any]) -> list[int]:
-        """``POST /tokenize`` (vLLM's): the ids of a chat rendering; a reply without a list of ints is malformed."""
+    async def tokenize(self, body: dict[str, Any]) -> array[int]:
+        """``POST /tokenize`` (vLLM's): the ids of a chat rendering, packed (64-bit); a reply without a list of
+        ints in that range is malformed. Packing is the check: it refuses anything else in one pass."""
         answer = await self._post("/tokenize", dumps_bounded(body))
         tokens = answer.get("tokens")
-        if not isinstance(tokens, list) or not set(map(type, tokens)) <= {int}:
-            raise MalformedUpstream("/tokenize answered without a list of token ids")
-        return tokens
+        try:
+            if not isinstance(tokens, list):
+                raise TypeError
+            return array("q", tokens)
+        except (TypeError, OverflowError):
+            raise MalformedUpstream("/tokenize answered without a list of token ids") from None
 
     async def chat_stream(
         self, body: dict[str, Any] | bytes, *, route: str = CHAT_ROUTE

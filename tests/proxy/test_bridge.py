@@ -277,10 +277,10 @@ def test_a_template_that_re_renders_earlier_turns_falls_back(tmp_path: Path) -> 
 
 def test_a_turn_rendered_once_closes_at_the_first_stop_id_followed_by_the_templates_closing() -> None:
     before = array("q", [1, 5, 2, 3, 1, 6])  # the last call's rendering, up to the generation prompt
-    closing = [NEWLINE, IM_START]
+    closing = array("q", [NEWLINE, IM_START])
 
     def closing_stop(full: list[int]) -> int | None:
-        return _closing_stop(full, array("q", full), before, closing, IM_END)
+        return _closing_stop(array("q", full), before, closing, IM_END)
 
     assert closing_stop([*before, 9, IM_END, NEWLINE, IM_START, 7]) == 7
     # a stop id inside the turn's text (a special token written out) is not where it closes
@@ -288,8 +288,20 @@ def test_a_turn_rendered_once_closes_at_the_first_stop_id_followed_by_the_templa
     assert closing_stop([1, 5, 2, 3, 1, 7, 9, IM_END, NEWLINE, IM_START]) is None
     assert closing_stop([*before, 9, 9]) is None
     assert closing_stop(list(before[:4])) is None  # shorter than the last rendering
-    # a rendering that could not be packed (an id past 64 bits) is never closed here: it is rendered twice
-    assert _closing_stop([*before, 9, IM_END, NEWLINE, IM_START, 2**70], None, before, closing, IM_END) is None
+
+
+@pytest.mark.parametrize("tokens", [[1, "2"], [1, 2.0], [1, None], [2**70], [-(2**64)], {"0": 1}, "1 2"])
+def test_a_tokenize_answer_that_is_not_a_list_of_64_bit_ids_is_an_engine_fallback(tmp_path: Path, tokens: Any) -> None:
+    """Whatever shape the engine's ``/tokenize`` answer has, the call is answered from the chat route and the
+    turn says why it was not bridged; the session bridges again once the engine answers properly."""
+
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        stack.engine.tokenize_faults = [lambda ids: tokens] * 2
+        await _agent_loop(stack, key.api_key, 3)
+        assert await _fallbacks(stack, key.session_id) == [(False, "engine", True), (True, None, False)]
+
+    run_stack(scenario, tmp_path)
 
 
 def test_an_unfinished_turn_an_engine_without_the_route_and_a_session_that_opts_out_are_not_bridged(
