@@ -497,12 +497,10 @@ class EngineClient:
         ints in that range is malformed. Packing is the check: it refuses anything else in one pass."""
         answer = await self._post("/tokenize", dumps_bounded(body))
         tokens = answer.get("tokens")
-        try:
-            if not isinstance(tokens, list):
-                raise TypeError
-            return array("q", tokens)
-        except (TypeError, OverflowError):
-            raise MalformedUpstream("/tokenize answered without a list of token ids") from None
+        if isinstance(tokens, list):
+            with contextlib.suppress(TypeError, OverflowError):
+                return array("q", tokens)
+        raise MalformedUpstream("/tokenize answered without a list of token ids")
 
     async def chat_stream(
         self, body: dict[str, Any] | bytes, *, route: str = CHAT_ROUTE
