@@ -1,13 +1,16 @@
-"""Does a Catch policy look at the board? Its moves by what the board said, per window of training steps.
+"""Does a Catch policy look at the board? Its moves by what the board said.
 
     python examples/grpo_catch/grpo_catch.py --output_dir runs/catch --save_rollouts true
     python -m bench.catch_moves runs/catch/rollouts.jsonl --window 5
+    python -m bench.catch_moves --model ~/.cache/harness_grpo/tool-sft-...   # a checkpoint, before any game
 
-Reads the ``rollouts.jsonl`` a ``grpo_catch`` run writes with ``save_rollouts`` and prints, per window of
-steps, the games caught and, for each relation the last board stated (the ball to the LEFT of the paddle, to
-its RIGHT, or directly ABOVE it), the share of the model's next moves that were ``left``, ``stay`` and
-``right``. A policy that learns Catch moves towards the ball and stays under it; a policy whose three rows
-are alike ignores the board, whatever its shaping reward says.
+With a ``rollouts.jsonl`` (a ``grpo_catch`` run with ``save_rollouts``) it prints, per window of steps, the
+games caught and, for each relation the last board stated (the ball to the LEFT of the paddle, to its RIGHT,
+or directly ABOVE it), the share of the model's next moves that were ``left``, ``stay`` and ``right``. A
+policy that learns Catch moves towards the ball and stays under it; a policy whose three rows are alike
+ignores the board, whatever its shaping reward says. With ``--model`` it prints, for each column of the
+ball on the opening board, the model's probability of calling ``stay`` and of ``left`` over ``left`` +
+``right`` for a ``move``, read off its next-token distribution at the recipe's first prompt.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import orjson
 
 RELATION = re.compile(r"to the (LEFT|RIGHT) of the paddle|(directly above) the paddle")
 RELATIONS = ("LEFT", "RIGHT", "ABOVE")
+NAME = '<tool_call>\n{"name": "'  # the call as the tool loop's template writes it, up to the tool's name
+DIRECTION = NAME + 'move", "arguments": {"direction": "'
 
 
 def conversation(trace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -45,11 +50,50 @@ def moves_by_relation(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return pairs
 
 
+def first_move_odds(model_path: str) -> None:
+    """Per ball column on the opening board: P(stay) and P(left | move) of the model's first call."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from examples.grpo_catch.grpo_catch import dataset
+    from harness_grpo.environments import tool_schema
+    from harness_grpo.envs.catch.server import COLUMNS, ROWS
+    from harness_grpo.envs.catch.tools import CatchToolEnv, describe
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    tools = [tool_schema(CatchToolEnv.move, "move"), tool_schema(CatchToolEnv.stay, "stay")]
+
+    def next_token(prompt: str, call: str, choices: tuple[str, str]) -> tuple[float, float]:
+        ids = tokenizer(prompt + call, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.no_grad():
+            probs = model(ids).logits[0, -1].softmax(-1)
+        first = [tokenizer(choice, add_special_tokens=False).input_ids[0] for choice in choices]
+        return float(probs[first[0]]), float(probs[first[1]])
+
+    for ball in range(COLUMNS):
+        board = [0.0] * (ROWS * COLUMNS)
+        board[ball] = board[(ROWS - 1) * COLUMNS + COLUMNS // 2] = 1.0
+        messages = [dict(message) for message in dataset(1)[0]["prompt"]]
+        messages[-1]["content"] += describe(board, ball)
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        move, stay = next_token(prompt, NAME, ("move", "stay"))
+        left, right = next_token(prompt, DIRECTION, ("left", "right"))
+        odds = f"P(stay) {stay / (move + stay):.3f}  P(left | move) {left / (left + right):.3f}"
+        print(f"ball column {ball + 1}/{COLUMNS}: {odds}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("rollouts", type=Path)
+    parser.add_argument("rollouts", type=Path, nargs="?")
     parser.add_argument("--window", type=int, default=5)
+    parser.add_argument("--model", help="A checkpoint to read the first move's odds from, instead of a run.")
     args = parser.parse_args()
+    if args.model:
+        first_move_odds(args.model)
+        return
+    if args.rollouts is None:
+        parser.error("give a rollouts.jsonl or --model")
     moves: dict[int, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     caught: dict[int, list[bool]] = defaultdict(list)
     for line in args.rollouts.read_bytes().splitlines():
