@@ -31,6 +31,15 @@ the matched turn, that turn carries no reasoning, and an earlier call rendered t
 the turn closes at the first stop id after it, which ``closing`` must follow, and the prompt is the turn's
 ids + ``full`` after that stop id, the same ids as from two renderings. Otherwise it renders both.
 
+Speculation. Where the template renders this session's sampled turns as they were sampled (its last bridged
+call's rendering started with the matched turn's ids: ``BridgeIndex.reproduces``), the bridged prompt would be
+the engine's own rendering of the messages, so the call skips ``/tokenize`` and goes to the chat route as it
+is (``BridgePlan.expects``: the matched turn's ids), under the conditions of the one-``/tokenize`` path and
+with no reasoning restored. The engine's prompt ids are checked after the call (``BridgeIndex.confirm``):
+starting with ``expects`` they are the bridged prompt, and the turn is recorded as bridged. Otherwise nothing
+of the call is recorded or sent, the session stops speculating for good, and the call is made again through
+the bridge; so a session pays at most one extra generation, and its trace is the one the bridge gives.
+
 Reasoning. A template that drops past turns' reasoning once a new user turn follows (Qwen3's) fails the
 prefix test there. ``bridge_reasoning="fork"`` (the default) falls back: the model sees what the
 template shows it, as at inference without the bridge, and a tool loop (one user turn) is bridged
@@ -52,6 +61,7 @@ import hashlib
 from array import array
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,14 +200,24 @@ class _Sampled:
 
 @dataclass
 class BridgeStats:
-    """A session's bridge counters: turns bridged, prompt ids their rows did not repeat, fallbacks by reason."""
+    """A session's bridge counters: turns bridged, prompt ids their rows did not repeat, fallbacks by reason;
+    ``speculated``: bridged turns the engine rendered (no ``/tokenize``), ``missed``: speculative calls whose
+    rendering was not the bridged prompt (made again through the bridge)."""
 
     bridged: int = 0
     saved_tokens: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
+    speculated: int = 0
+    missed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"bridged": self.bridged, "saved_tokens": self.saved_tokens, "fallbacks": dict(self.fallbacks)}
+        return {
+            "bridged": self.bridged,
+            "saved_tokens": self.saved_tokens,
+            "fallbacks": dict(self.fallbacks),
+            "speculated": self.speculated,
+            "missed": self.missed,
+        }
 
 
 class BridgeIndex:
@@ -206,7 +226,8 @@ class BridgeIndex:
     It also keeps what makes the next call cheap: ``last``, the previous call's fingerprints (``History``'s
     ``extends``); the previous call's rendering (``_Rendered``); and ``closing``, the ids the template puts
     after a closed turn's stop id and the first id of the message that follows, learned from a call rendered
-    twice.
+    twice; and whether calls may be speculative (``reproduces``: the last bridged call's rendering started with its
+    matched turn's ids; never again once a speculative call ``missed``).
     """
 
     def __init__(self) -> None:
@@ -215,6 +236,8 @@ class BridgeIndex:
         self.last: History | None = None
         self.rendered: _Rendered | None = None
         self.closing: array[int] | None = None
+        self.reproduces = False
+        self.missed = False
 
     def add(
         self,
@@ -236,8 +259,22 @@ class BridgeIndex:
         if metadata.get("bridged"):
             self.stats.bridged += 1
             self.stats.saved_tokens += metadata.get("bridge_saved_tokens", 0)
+            self.stats.speculated += bool(metadata.get("bridge_speculated"))
         elif metadata.get("bridge_fallback"):
             self.stats.fallbacks[metadata["bridge_fallback"]] += 1
+
+    def confirm(self, plan: BridgePlan, prompt_ids: Any) -> bool:
+        """Whether the engine's ``prompt_ids`` for the speculative ``plan`` are its bridged prompt (they start with
+        ``plan.expects``); if so they are the session's last rendering, if not the session stops speculating."""
+        expects = plan.expects
+        assert expects is not None and plan.history is not None
+        if isinstance(prompt_ids, list) and prompt_ids[: len(expects)] == expects:
+            with suppress(TypeError, OverflowError):
+                self.rendered = _Rendered(plan.history.messages, plan.history.head, array("q", prompt_ids))
+                return True
+        self.reproduces, self.missed = False, True
+        self.stats.missed += 1
+        return False
 
     def matches(self, history: History) -> list[tuple[int, _Sampled]]:
         """``(message index, turn)`` of every assistant message of ``history`` whose prefix this session sampled."""
@@ -246,17 +283,22 @@ class BridgeIndex:
 
 @dataclass(frozen=True, slots=True)
 class BridgePlan:
-    """How one call is prompted: ``tokens`` (bridged) or the engine's rendering (``tokens`` None, with the
-    ``fallback`` reason when the history had an assistant message and the bridge was on)."""
+    """How one call is prompted: ``tokens`` (bridged), the engine's rendering checked against ``expects``
+    (speculative, see the module docstring), or the engine's rendering (neither, with the ``fallback`` reason when
+    the history had an assistant message and the bridge was on)."""
 
     history: History | None  # None: the session's bridge is off, and nothing was fingerprinted
     tokens: list[int] | None = None
     fallback: str | None = None
     saved_tokens: int = 0  # bridged: the parent's ids a row would repeat had the engine rendered the messages
+    expects: list[int] | None = None  # speculative: the ids the engine's rendering must start with
 
     def metadata(self) -> dict[str, Any]:
-        """The turn's bridge metadata: ``bridged``; ``bridge_saved_tokens`` when bridged, ``bridge_fallback`` when
+        """The turn's bridge metadata: ``bridged``; ``bridge_saved_tokens`` when bridged (and ``bridge_speculated``
+        when the engine rendered it: a speculative plan is recorded only once confirmed), ``bridge_fallback`` when
         there is a reason it was not."""
+        if self.expects is not None:
+            return {"bridged": True, "bridge_saved_tokens": 0, "bridge_speculated": True}
         out: dict[str, Any] = {"bridged": self.tokens is not None}
         if self.tokens is not None:
             out["bridge_saved_tokens"] = self.saved_tokens
@@ -310,6 +352,9 @@ async def plan_prompt(
         request = _tokenize_request(body)
         full = at = None
         rendered, closing = index.rendered, index.closing  # the last call's: this call's rendering replaces it
+        speculate = index.reproduces and rendered is not None and restored == messages
+        if speculate and _renders_once(rendered, messages, end, history):
+            return BridgePlan(history, expects=ids)
         if rendered is not None and closing is not None and _renders_once(rendered, restored, end, history):
             full = await _full(client, request, restored, history, index)
             at = _closing_stop(full, rendered.ids, closing, ids[-1])
@@ -333,6 +378,7 @@ async def plan_prompt(
     except UpstreamError:
         return BridgePlan(history, fallback=ENGINE)
     saved = 0 if full[: len(ids)].tolist() == ids else len(ids)  # the rendering extends the turn anyway: nothing saved
+    index.reproduces = not saved and not index.missed
     return BridgePlan(history, tokens=tokens, saved_tokens=saved)
 
 

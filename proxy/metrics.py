@@ -90,6 +90,18 @@ class ProxyMetrics:
             "Prompt ids of live sessions' bridged turns a training row would repeat had the engine rendered them.",
             sum(b.saved_tokens for b in bridges),
         )
+        metric(
+            "proxy_bridge_speculated_turns_total",
+            "counter",
+            "Bridged turns of live sessions whose prompt the engine rendered (no /tokenize), checked after the call.",
+            sum(b.speculated for b in bridges),
+        )
+        metric(
+            "proxy_bridge_missed_speculations_total",
+            "counter",
+            "Speculative calls of live sessions whose rendering was not the bridged prompt (sampled again, bridged).",
+            sum(b.missed for b in bridges),
+        )
         fallbacks = Counter[str]()
         for b in bridges:
             fallbacks.update(b.fallbacks)

@@ -531,30 +531,16 @@ class CaptureProxy:
         """
         started = time.perf_counter()
         client = self._client(session.config.llm_url)
-        plan = await plan_prompt(
-            upstream_body,
-            index=session.bridge,
-            graph=session.graph,
-            client=client,
-            enabled=session.config.bridge,
-            reasoning=session.config.bridge_reasoning,
-            has_route=functools.partial(self._has_tokens_route, client),
-        )
-        route = CHAT_ROUTE
-        if plan.tokens is not None:
-            payload, route = dumps_bounded({**upstream_body, "tokens": plan.tokens}), TOKENS_ROUTE
         stream = None
         try:
             if chat.stream:
                 stream = await _open_stream(request)
-                renderer = dialect.stream_renderer(chat)
-                engine = await self._relay(stream, dialect, renderer, client, payload, route)
-            else:
-                engine = await client.chat(payload, route=route)
+            engine, capture, plan, renderer = await self._sample(
+                stream, dialect, chat, session, client, payload, upstream_body
+            )
             # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
             # a recorded one is handed to the transport.
-            capture = extract_capture(engine)
-            if stream is None:
+            if renderer is None:
                 reply = _render(dialect, chat, engine)
             else:
                 with _rendering(dialect):
@@ -576,6 +562,46 @@ class CaptureProxy:
         self.metrics.observe_call(time.perf_counter() - started)
         return await _send(stream, reply)
 
+    async def _sample(
+        self,
+        stream: web.StreamResponse | None,
+        dialect: ModuleType,
+        chat: ChatRequest,
+        session: Session,
+        client: EngineClient,
+        payload: bytes,
+        upstream_body: dict[str, Any],
+    ) -> tuple[dict[str, Any], Capture, BridgePlan, StreamRenderer | None]:
+        """Plan the prompt (``plan_prompt``) and sample it, relayed to ``stream`` when there is one: the engine's
+        completion, its capture, the plan it followed and the stream's renderer. A speculative call whose prompt
+        is not the bridged one is made again through the bridge before anything of it is sent or recorded."""
+        while True:
+            plan = await plan_prompt(
+                upstream_body,
+                index=session.bridge,
+                graph=session.graph,
+                client=client,
+                enabled=session.config.bridge,
+                reasoning=session.config.bridge_reasoning,
+                has_route=functools.partial(self._has_tokens_route, client),
+            )
+            body, route = payload, CHAT_ROUTE
+            if plan.tokens is not None:
+                body, route = dumps_bounded({**upstream_body, "tokens": plan.tokens}), TOKENS_ROUTE
+            confirm = None if plan.expects is None else functools.partial(session.bridge.confirm, plan)
+            if stream is None:
+                engine = await client.chat(body, route=route)
+                capture = extract_capture(engine)
+                if confirm is None or confirm(capture.prompt_ids):
+                    return engine, capture, plan, None
+                continue
+            renderer = dialect.stream_renderer(chat)
+            try:
+                engine = await self._relay(stream, dialect, renderer, client, body, route, confirm)
+            except _SpeculationMissed:
+                continue
+            return engine, extract_capture(engine), plan, renderer
+
     async def _relay(
         self,
         stream: web.StreamResponse,
@@ -584,8 +610,12 @@ class CaptureProxy:
         client: EngineClient,
         payload: bytes,
         route: str,
+        confirm: Callable[[Any], bool] | None = None,
     ) -> dict[str, Any]:
         """Stream the engine's reply to the agent as it is sampled; returns the assembled completion.
+
+        ``confirm`` (a speculative call): the engine's prompt ids, read from its first chunks, must pass it before
+        anything is written; ``_SpeculationMissed`` where they don't.
 
         The renderer's start frames and the first text are written as soon as they arrive; after that, text is
         written at most once per ``stream_flush_s`` (what arrived in between as one delta per run of a field),
@@ -640,6 +670,8 @@ class CaptureProxy:
                         started = bool(assembler.head)
                         assembler.add_batch(batch, texts)
                         if not started:
+                            if confirm is not None and not confirm(assembler.head.get("prompt_token_ids")):
+                                raise _SpeculationMissed
                             with _rendering(dialect):
                                 frames.extend(renderer.start(assembler.head))
                         if frames or texts:
@@ -808,6 +840,10 @@ class _Keepalive:
         self._timer.cancel()
         if self._task is not None:
             self._task.cancel()
+
+
+class _SpeculationMissed(Exception):
+    """A speculative call's engine rendering was not the bridged prompt: nothing of it was sent."""
 
 
 class _CallFailed(Exception):

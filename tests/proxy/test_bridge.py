@@ -22,7 +22,8 @@ from proxy.bridge import History, _closing_stop, _semantic
 from proxy.capture_graph import sequences_from_trace
 from proxy.trace import TrainingTrace
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
-from tests.proxy.wire import CHAT, RESPONSES, ROUTES, agent_headers, post, valid_body
+from tests.proxy.test_dialects import accumulate_chat
+from tests.proxy.wire import CHAT, RESPONSES, ROUTES, agent_headers, parse_sse, post, valid_body
 
 SAMPLING = {"temperature": 0.7}
 
@@ -166,7 +167,7 @@ def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_ro
         assert saved[True]["saved_tokens"] == sum(
             len(t["prompt_token_ids"]) - 1 - len(_suffix(t["request"]["messages"], TOOLS)) for t in bridged_turns
         )
-        assert saved[False] == {"bridged": 0, "saved_tokens": 0, "fallbacks": {}}
+        assert saved[False] == {"bridged": 0, "saved_tokens": 0, "fallbacks": {}, "speculated": 0, "missed": 0}
         # Two renderings for the first bridged call (which learns how the template closes a turn), one after it.
         assert stack.engine.tokenize_calls == 6 and stack.engine.token_calls == 5
 
@@ -177,6 +178,83 @@ def test_a_bridged_session_is_one_trajectory_that_validates_and_trains_as_one_ro
             (True, 0)
         ] * 3  # bridged, but the rendering extended the parent anyway: nothing saved
         assert (await stack.describe(echoing.session_id))["stats"]["bridge"]["saved_tokens"] == 0
+
+    run_stack(scenario, tmp_path)
+
+
+def _chat_message(streamed: dict[str, Any]) -> dict[str, Any]:
+    """A streamed reply, as ``accumulate_chat`` folds it, as the message a whole reply would have carried."""
+    calls = [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+        for c in streamed["tool_calls"]
+    ]
+    return {"role": "assistant", "content": streamed["content"] or None, **({"tool_calls": calls} if calls else {})}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_session_whose_template_renders_its_turns_as_sampled_skips_tokenize_and_a_miss_is_made_again_bridged(
+    tmp_path: Path, stream: bool
+) -> None:
+    """An agent that sends its turns back as it got them: once a bridged call shows the engine renders them as
+    sampled, calls go to the chat route unrendered and are checked after; the first call that re-serialises a
+    tool call (so the rendering differs) is sampled again through the bridge, and the agent reads only that."""
+
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        headers = agent_headers(CHAT, key.api_key)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "an agent"}, {"role": "user", "content": "go"}]
+        seen, calls_after_first = [], 0
+        for call in range(5):
+            body = {"model": "any", "messages": messages, "tools": TOOLS, "stream": stream}
+            reply = await post(stack.http, stack.url + CHAT, body, headers)
+            assert reply.status == 200, reply.body
+            if stream:
+                frames = parse_sse(reply.body)
+                assert sum(1 for _, data in frames if data != "[DONE]" and "role" in data["choices"][0]["delta"]) == 1
+                message = _chat_message(accumulate_chat(frames)["message"])
+            else:
+                message = reply.json["choices"][0]["message"]
+            seen.append(message)
+            calls_after_first = calls_after_first if call else stack.engine.calls  # the engine was probed before
+            if call < 2:  # as it got them, then (the third reply on) compactly
+                messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
+                calls = message.get("tool_calls") or []
+                messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ran"} for c in calls]
+                if not message.get("tool_calls"):
+                    messages.append({"role": "user", "content": "continue"})
+            else:
+                _send_back_compactly(messages, message, "continue")
+        turns = (await stack.trace(key.session_id))["turns"]
+        assert [(t["metadata"]["bridged"], t["metadata"].get("bridge_speculated", False)) for t in turns] == [
+            (False, False),
+            (True, False),  # rendered twice: the template renders the first turn as sampled
+            (True, True),  # the chat route's rendering, confirmed
+            (True, False),  # the re-serialised call missed, and was sampled again through the bridge
+            (True, False),  # a session that missed no longer speculates
+        ]
+        for parent, turn in itertools.pairwise(turns):
+            assert turn["metadata"]["parent_id"] == parent["node_id"]
+            assert turn["prompt_token_ids"] == [
+                *parent["prompt_token_ids"],
+                *parent["completion_token_ids"],
+                NEWLINE,
+                *_suffix(turn["request"]["messages"], TOOLS),
+            ]
+        assert turns[3]["metadata"]["bridge_saved_tokens"] > 0
+        for message, turn in zip(seen, turns, strict=True):  # what the agent read is what was recorded
+            recorded = turn["response"]["choices"][0]["message"]
+            assert message.get("content") == recorded.get("content")
+            assert [c["function"] for c in message.get("tool_calls") or []] == [
+                c["function"] for c in recorded.get("tool_calls") or []
+            ]
+        stats = (await stack.describe(key.session_id))["stats"]["bridge"]
+        assert (stats["bridged"], stats["speculated"], stats["missed"]) == (4, 1, 1)
+        async with stack.http.get(f"{stack.url}/metrics") as resp:
+            metrics = await resp.text()
+        assert "proxy_bridge_speculated_turns_total 1\n" in metrics
+        assert "proxy_bridge_missed_speculations_total 1\n" in metrics
+        calls = stack.engine.calls - calls_after_first
+        assert (calls, stack.engine.token_calls, stack.engine.tokenize_calls) == (4 + 1, 3, 4)
 
     run_stack(scenario, tmp_path)
 
