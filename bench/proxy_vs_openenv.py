@@ -64,6 +64,11 @@ attaches py-spy to each proxy's throughput phase (collapsed stacks in DIR).
 
 ``--before REV`` adds a third proxy, REV's ``proxy`` package (``git archive``)
 run the same way, so a change is measured against its base in one run.
+``--proxies passthrough`` adds the floor of our HTTP stack: aiohttp on uvloop
+for the agent and the proxy's own engine client upstream, each body parsed and
+written again as the proxy does, and nothing else (no session, capture, journal
+or bridge; its sessions and traces are not checked). Our proxy's cost above it
+is what capture costs; its added latency is what this stack adds on this machine.
 ``--bridge off`` opens our sessions without the token-in bridge (this agent
 echoes its calls verbatim, so the bridge saves nothing here and costs one
 ``/tokenize`` per call; ``bench/bridge_cost.py`` measures it where it pays).
@@ -116,7 +121,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = fv.MODEL
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_PDEATHSIG = 1
-TARGETS = ("ours", "before", "openenv")
+TARGETS = ("ours", "before", "passthrough", "openenv")
 PROXY_TARGETS = ("ours", "before")  # our proxy: this tree's, and ``--before REV``'s (run from a git archive)
 TEXT_DELTA = re.compile(rb'"content": ?"[^"]')  # an SSE chunk that carries reply text
 DEFAULT_CASES = "1x8,16x8,64x8,256x8,4x64"
@@ -230,6 +235,42 @@ def serve_engine(port: int, memo: bool) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with contextlib.suppress(KeyboardInterrupt, SystemExit):
         asyncio.run(run())
+
+
+def serve_passthrough(port: int, engine_port: int) -> None:
+    """The ``passthrough`` target (see the module docstring): the engine fields the proxy asks for are asked for
+    (ids and logprobs), JSON bodies are parsed and written again, streams relayed as they come."""
+    import uvloop
+
+    from proxy.engine_http import EngineHttp
+
+    async def run() -> None:
+        engine = EngineHttp(f"http://127.0.0.1:{engine_port}", headers={"Content-Type": "application/json"})
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            body = orjson.loads(await request.read())
+            body.update(logprobs=True, top_logprobs=0, return_token_ids=True)
+            async with await engine.request("POST", "/v1/chat/completions", orjson.dumps(body)) as resp:
+                status, data = resp.status, await resp.read()
+            if body.get("stream") or status != 200:
+                return web.Response(body=data, status=status, content_type=resp.headers.get("content-type"))
+            return web.Response(body=orjson.dumps(orjson.loads(data)), content_type="application/json")
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        print(f"passthrough on http://127.0.0.1:{port} to engine port {engine_port}", flush=True)
+        await asyncio.Event().wait()
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with contextlib.suppress(KeyboardInterrupt, SystemExit):
+        asyncio.run(run(), loop_factory=uvloop.new_event_loop)
 
 
 # --- expected ids (the verifier) ------------------------------------------------------------------------------------
@@ -552,7 +593,7 @@ class LoadGen:
         return Agent(user, [{"role": "system", "content": self.system}, {"role": "user", "content": user}])
 
     async def create_session(self, http: aiohttp.ClientSession, agent: Agent) -> None:
-        if self.target == "direct":
+        if self.target in ("direct", "passthrough"):
             return
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.target in PROXY_TARGETS else {}
         config = {"bridge": False} if self.target == "ours" and not self.bridge else {}
@@ -760,6 +801,9 @@ def start_target(env: Env, target: str, label: str) -> tuple[subprocess.Popen | 
             str(port),
             f"--admin-key={admin}",
         ]
+    elif target == "passthrough":
+        admin = ""
+        argv = [py, str(Path(__file__).resolve()), "--serve-passthrough", str(port), str(env.engine_port)]
     else:
         admin = ""
         argv = [
@@ -867,6 +911,7 @@ def run_phase(
         traces = None
         if proc is not None:
             result.rss_mb, result.hwm_mb = proc_mem_mb(proc.pid)
+        if proc is not None and target != "passthrough":
             used = [ag for ag in agents if ag.key]
             t0 = time.perf_counter()
             traces = asyncio.run(fetch_traces(f"http://127.0.0.1:{port}", target, admin, used, result.export_ms))
@@ -1002,8 +1047,8 @@ def report(res: dict, cases: list[str], streams: list[bool], targets: list[str])
                             fmt(core1, 0),
                             fmt(r.others_cpu_s / r.wall_s * 100 if r.wall_s else math.nan, 0),
                             str(r.sessions),
-                            fmt(r.hwm_after_export_mb, 0) if target != "direct" else "-",
-                            fmt(r.export_s, 2) if target != "direct" else "-",
+                            fmt(r.hwm_after_export_mb, 0) if target not in ("direct", "passthrough") else "-",
+                            fmt(r.export_s, 2) if target not in ("direct", "passthrough") else "-",
                             f"{r.echo_checked - r.echo_bad}/{r.echo_checked}" if r.echo_checked else "n/a",
                         ]
                     )
@@ -1148,7 +1193,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
     )
     p.add_argument("--cases", default=None, help=f"comma-separated SESSIONSxTURNS (default {DEFAULT_CASES})")
-    p.add_argument("--proxies", default="ours,openenv", help="comma-separated subset of: ours,before,openenv")
+    p.add_argument(
+        "--proxies", default="ours,openenv", help="comma-separated subset of: ours,before,passthrough,openenv"
+    )
     p.add_argument(
         "--before",
         metavar="REV",
@@ -1190,6 +1237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy", help="the py-spy binary for --profile")
     p.add_argument("--serve-engine", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
+    p.add_argument("--serve-passthrough", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     quick = a.quick
     a.cases = a.cases or ("1x4,16x4,64x4" if quick else DEFAULT_CASES)
@@ -1223,6 +1271,9 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.serve_engine is not None:
         serve_engine(a.serve_engine, memo=not a.no_memo)
+        return 0
+    if a.serve_passthrough is not None:
+        serve_passthrough(*a.serve_passthrough)
         return 0
     targets = [t.strip() for t in a.proxies.split(",") if t.strip()]
     if a.before and "before" not in targets:
@@ -1292,7 +1343,7 @@ def main(argv: list[str] | None = None) -> int:
                 if target == "direct"
                 else (
                     f"  CPU {r.proxy_cpu_s * 1e3 / max(r.calls, 1):.2f} ms/call RSS {r.rss_mb:.0f} MB "
-                    f"lost/mixed {r.lost}/{r.mixed}"
+                    + ("(no capture)" if target == "passthrough" else f"lost/mixed {r.lost}/{r.mixed}")
                 )
             )
             print(

@@ -34,9 +34,10 @@ ids + ``full`` after that stop id, the same ids as from two renderings. Otherwis
 Speculation. Where the template renders this session's sampled turns as they were sampled (its last bridged
 call's rendering started with the matched turn's ids: ``BridgeIndex.reproduces``), the bridged prompt would be
 the engine's own rendering of the messages, so the call skips ``/tokenize`` and goes to the chat route as it
-is (``BridgePlan.expects``: the matched turn's ids), under the conditions of the one-``/tokenize`` path and
-with no reasoning restored. The engine's prompt ids are checked after the call (``BridgeIndex.confirm``):
-starting with ``expects`` they are the bridged prompt, and the turn is recorded as bridged. Otherwise nothing
+is (``BridgePlan.expects``: the matched turn), under the conditions of the one-``/tokenize`` path and with no
+reasoning restored. The engine's prompt ids are checked after the call (``BridgeIndex.confirm``): starting
+with the matched turn's ids they are the bridged prompt, and the turn is recorded as bridged (the graph does not
+compare those ids again: ``CaptureGraph.add_call``'s ``extends``). Otherwise nothing
 of the call is recorded or sent, the session stops speculating for good, and the call is made again through
 the bridge; so a session pays at most one extra generation, and its trace is the one the bridge gives.
 
@@ -61,7 +62,6 @@ import hashlib
 from array import array
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,6 +256,8 @@ class BridgeIndex:
             closed = bool(sampled_ids) and choice.get("finish_reason") in CLOSED_FINISH
             closed = closed and not (metadata.get("sampling_params") or {}).get("stop")
             self._sampled.setdefault(history.key(message), _Sampled(node_id, reasoning_of(message), closed))
+        if metadata.get("bridge_speculated"):  # the engine's rendering of these messages is the turn's prompt
+            self.rendered = _Rendered(history.messages, history.head, None, node_id)
         if metadata.get("bridged"):
             self.stats.bridged += 1
             self.stats.saved_tokens += metadata.get("bridge_saved_tokens", 0)
@@ -263,15 +265,12 @@ class BridgeIndex:
         elif metadata.get("bridge_fallback"):
             self.stats.fallbacks[metadata["bridge_fallback"]] += 1
 
-    def confirm(self, plan: BridgePlan, prompt_ids: Any) -> bool:
+    def confirm(self, plan: BridgePlan, graph: CaptureGraph, prompt_ids: Any) -> bool:
         """Whether the engine's ``prompt_ids`` for the speculative ``plan`` are its bridged prompt (they start with
-        ``plan.expects``); if so they are the session's last rendering, if not the session stops speculating."""
-        expects = plan.expects
-        assert expects is not None and plan.history is not None
-        if isinstance(prompt_ids, list) and prompt_ids[: len(expects)] == expects:
-            with suppress(TypeError, OverflowError):
-                self.rendered = _Rendered(plan.history.messages, plan.history.head, array("q", prompt_ids))
-                return True
+        the ids of ``plan.expects`` in ``graph``); if not, the session stops speculating."""
+        assert plan.expects is not None
+        if isinstance(prompt_ids, list) and graph.extends(plan.expects, prompt_ids):
+            return True
         self.reproduces, self.missed = False, True
         self.stats.missed += 1
         return False
@@ -291,7 +290,7 @@ class BridgePlan:
     tokens: list[int] | None = None
     fallback: str | None = None
     saved_tokens: int = 0  # bridged: the parent's ids a row would repeat had the engine rendered the messages
-    expects: list[int] | None = None  # speculative: the ids the engine's rendering must start with
+    expects: str | None = None  # speculative: the node whose ids the engine's rendering must start with
 
     def metadata(self) -> dict[str, Any]:
         """The turn's bridge metadata: ``bridged``; ``bridge_saved_tokens`` when bridged (and ``bridge_speculated``
@@ -309,12 +308,23 @@ class BridgePlan:
 
 @dataclass(frozen=True, slots=True)
 class _Rendered:
-    """A call's ``/tokenize`` rendering (with the generation prompt) of ``messages`` under ``head`` (the tools
-    and template kwargs, as ``History`` writes them)."""
+    """A call's rendering (with the generation prompt) of ``messages`` under ``head`` (the tools and template
+    kwargs, as ``History`` writes them): ``ids`` from ``/tokenize``, else the prompt of the recorded call
+    ``node_id`` (a speculative call's, whose ids are read back from the graph only when needed)."""
 
     messages: list[dict[str, Any]]
     head: bytes
-    ids: array[int]
+    ids: array[int] | None
+    node_id: str | None = None
+
+    def rendering(self, graph: CaptureGraph) -> array[int] | None:
+        """The rendering's ids; None where an id does not fit 64 bits (no ``/tokenize`` answer has those)."""
+        if self.ids is not None:
+            return self.ids
+        try:
+            return array("q", graph.prompt_ids(self.node_id or ""))
+        except OverflowError:
+            return None
 
 
 async def plan_prompt(
@@ -341,7 +351,6 @@ async def plan_prompt(
     end, turn = matches[-1]
     if not turn.closed:
         return BridgePlan(history, fallback=UNFINISHED)
-    ids = graph.end_ids(turn.node_id)
     try:
         if not await has_route():
             return BridgePlan(history, fallback=UNSUPPORTED)
@@ -354,10 +363,14 @@ async def plan_prompt(
         rendered, closing = index.rendered, index.closing  # the last call's: this call's rendering replaces it
         speculate = index.reproduces and rendered is not None and restored == messages
         if speculate and _renders_once(rendered, messages, end, history):
-            return BridgePlan(history, expects=ids)
+            return BridgePlan(history, expects=turn.node_id)
+        ids = graph.end_ids(turn.node_id)
+        before = None
         if rendered is not None and closing is not None and _renders_once(rendered, restored, end, history):
+            before = rendered.rendering(graph)
+        if before is not None and closing is not None:
             full = await _full(client, request, restored, history, index)
-            at = _closing_stop(full, rendered.ids, closing, ids[-1])
+            at = _closing_stop(full, before, closing, ids[-1])
         if at is not None:
             tokens = ids + full[at + 1 :].tolist()
         else:

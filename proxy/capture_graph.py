@@ -52,8 +52,8 @@ worker thread while the event loop keeps adding calls.
 
 from __future__ import annotations
 
+import random
 import threading
-import uuid
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right, insort
@@ -77,6 +77,7 @@ AGENT, AUXILIARY, DISCARDED = "agent", "auxiliary", "discarded"
 _ROLE_RANK = {AGENT: 0, AUXILIARY: 1, DISCARDED: 2}
 _RESERVED_METADATA = frozenset({"index", "parent_id", "role", "node_id"})
 _TAIL = 32  # tokens hashed into a node-end fingerprint
+_NODE_IDS = random.Random()  # seeded from the OS once; a node id needs uniqueness in its graph, not secrecy
 
 
 @dataclass(slots=True, eq=False)
@@ -214,6 +215,7 @@ class CaptureGraph:
         *,
         node_id: str | None = None,
         before_commit: Callable[[str, str | None, list[int]], None] | None = None,
+        extends: str | None = None,
     ) -> str:
         """Record one engine call and return its node id (12 hex characters unless `node_id` is given).
 
@@ -225,7 +227,9 @@ class CaptureGraph:
         non-negative ints, logprobs that are not finite, non-positive and aligned with
         `sampled_ids`, a request/response/metadata that is not a dict with str keys, metadata keys
         the graph sets (`index`, `parent_id`, `role`, `node_id`), or a reused `node_id`. Prompt ids
-        inside the parent's prefix are checked by equality with the parent's already-validated ids.
+        inside the parent's prefix are checked by equality with the parent's already-validated ids,
+        except for `extends`: a node the caller found `prompt_ids` to start with (`self.extends`), which
+        is not compared again when it is a parent candidate (a node's ids never change).
         """
         request = {} if request is None else request
         response = {} if response is None else response
@@ -235,13 +239,13 @@ class CaptureGraph:
         )
         with self._lock:
             if node_id is None:
-                node_id = uuid.uuid4().hex[:12]
+                node_id = f"{_NODE_IDS.getrandbits(48):012x}"
                 while node_id in self._by_id:
-                    node_id = uuid.uuid4().hex[:12]
+                    node_id = f"{_NODE_IDS.getrandbits(48):012x}"
             elif not isinstance(node_id, str) or not node_id or node_id in self._by_id:
                 raise CaptureContractError([Violation("invalid_node_id", "node_id", f"{node_id!r} is empty or used")])
             try:
-                parent = self._find_parent(prompt_ids)
+                parent = self._find_parent(prompt_ids, self._by_id.get(extends) if extends else None)
             except TypeError:  # ids that cannot be hashed or packed; reported by the validation below
                 parent = None
             start = parent.end_len if parent is not None else 0
@@ -267,12 +271,12 @@ class CaptureGraph:
             insort(self._prompt_lens, (node.prompt_len, node.index))
         return node_id
 
-    def _find_parent(self, prompt: list[int]) -> _Node | None:
+    def _find_parent(self, prompt: list[int], known: _Node | None = None) -> _Node | None:
         """Longest exact node-end prefix of `prompt` from a strictly shorter prompt; earliest on ties.
 
-        Candidates come from the tail fingerprint. Once one fails exact verification (histories
-        re-rendered with the same recent turns share tails), the prompt's prefix CRCs at all shorter
-        candidate lengths are computed in one pass and screen the remaining candidates.
+        Candidates come from the tail fingerprint (`known`: one verified already). Once one fails exact
+        verification (histories re-rendered with the same recent turns share tails), the prompt's prefix
+        CRCs at all shorter candidate lengths are computed in one pass and screen the remaining candidates.
         """
         n_prompt = len(prompt)
         lengths = self._end_lengths
@@ -284,7 +288,7 @@ class CaptureGraph:
                     continue
                 if crcs and node.end_crc is not None and crcs[n] != node.end_crc:
                     continue
-                if _is_prefix(node, prompt):
+                if node is known or _is_prefix(node, prompt):
                     return node
                 if crcs is None:
                     crcs = _prefix_crcs(prompt, lengths[: i + 1])
@@ -319,6 +323,17 @@ class CaptureGraph:
         with self._lock:
             node = self._by_id[node_id]
             return (node.parent.node_id if node.parent is not None else None), node.context
+
+    def extends(self, node_id: str, tokens: list[int]) -> bool:
+        """Whether `tokens` start with the node's prompt ids followed by its sampled ids."""
+        with self._lock:
+            return _is_prefix(self._by_id[node_id], tokens)
+
+    def prompt_ids(self, node_id: str) -> list[int]:
+        """The node's prompt ids (rebuilt from the segments along its path)."""
+        with self._lock:
+            prompt_len = self._by_id[node_id].prompt_len
+        return self.end_ids(node_id)[:prompt_len]
 
     def end_ids(self, node_id: str) -> list[int]:
         """The node's prompt ids followed by its sampled ids (rebuilt from the segments along its path)."""

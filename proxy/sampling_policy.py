@@ -11,6 +11,7 @@ sampling through. Every request asks for ids and processed logprobs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,7 +68,11 @@ class SamplingPolicy:
             raise ValueError("training samples the full vocabulary: top_p=1, top_k=-1, min_p=0, repetition_penalty=1")
 
     def as_engine_params(self) -> dict[str, Any]:
-        """The sampling fields sent upstream, penalties explicitly neutral."""
+        """The sampling fields sent upstream, penalties explicitly neutral (a fresh dict per call)."""
+        return dict(self._engine_params)
+
+    @functools.cached_property
+    def _engine_params(self) -> dict[str, Any]:
         return {**asdict(self), "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
     @classmethod

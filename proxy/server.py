@@ -588,7 +588,7 @@ class CaptureProxy:
             body, route = payload, CHAT_ROUTE
             if plan.tokens is not None:
                 body, route = dumps_bounded({**upstream_body, "tokens": plan.tokens}), TOKENS_ROUTE
-            confirm = None if plan.expects is None else functools.partial(session.bridge.confirm, plan)
+            confirm = None if plan.expects is None else functools.partial(session.bridge.confirm, plan, session.graph)
             if stream is None:
                 engine = await client.chat(body, route=route)
                 capture = extract_capture(engine)
@@ -729,6 +729,7 @@ class CaptureProxy:
                 {"messages": upstream_body["messages"], "tools": tools},
                 engine_turn,
                 metadata,
+                extends=plan.expects,
             )
         except CaptureContractError as exc:
             raise MalformedUpstream(str(exc)) from None

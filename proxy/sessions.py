@@ -167,8 +167,17 @@ class Session:
         finally:
             self._in_flight -= 1
 
-    def record(self, capture: Capture, request: dict[str, Any], response: dict[str, Any], metadata: dict) -> str:
-        """Add one engine call to the journal, then to the graph; returns the node id.
+    def record(
+        self,
+        capture: Capture,
+        request: dict[str, Any],
+        response: dict[str, Any],
+        metadata: dict,
+        *,
+        extends: str | None = None,
+    ) -> str:
+        """Add one engine call to the journal, then to the graph; returns the node id (``extends``: a node whose
+        ids the call's prompt was checked to start with, see ``CaptureGraph.add_call``).
 
         All or nothing: a call the graph rejects (``CaptureContractError``) is not journaled, and one
         whose journal write fails (``OSError``, e.g. a full disk) is not in the graph, so the trace
@@ -207,6 +216,7 @@ class Session:
             response,
             metadata,
             before_commit=journal,
+            extends=extends,
         )
         self._requests[node_id] = kept
         self._count(capture)

@@ -491,6 +491,29 @@ def test_256_turn_session_probes_once_per_call_and_stores_each_token_once(monkey
     assert trace.turns[-1].prompt_token_ids == calls[-1].prompt
 
 
+def test_a_parent_the_caller_checked_is_not_compared_again_and_a_longer_one_still_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``extends``: the bridge checked a speculative call's prompt against its matched turn (``CaptureGraph.extends``),
+    so recording it does not compare those ids a second time; the parent is still the longest prefix."""
+    t0, t1, t2 = _chat(3)
+    graph = CaptureGraph()
+    ids = _add(graph, [t0, t1])
+    assert graph.extends(ids["t0"], t2.prompt) and graph.extends(ids["t1"], t2.prompt)
+    assert not graph.extends(ids["t1"], t1.prompt) and not graph.extends(ids["t1"], [*t1.end[:-1], 1, *t2.prompt])
+    verifications = count_calls(monkeypatch, capture_graph, "_is_prefix")
+    ids["t2"] = graph.add_call(
+        t2.prompt, t2.sampled, t2.logprobs, TOOLS, {"choices": []}, {"call": "t2"}, extends=ids["t1"]
+    )
+    assert verifications.n == 0 and graph.prompt_delta(ids["t2"])[0] == ids["t1"]
+    # A caller's node shorter than the best parent: the longer one is found (and compared) as without it.
+    t3 = _call("t3", [*t2.end, 7000], [7001, 7002])
+    node = graph.add_call(t3.prompt, t3.sampled, t3.logprobs, TOOLS, {"choices": []}, {"call": "t3"}, extends=ids["t0"])
+    assert verifications.n == 1 and graph.prompt_delta(node)[0] == ids["t2"]
+    assert graph.prompt_ids(node) == t3.prompt and graph.end_ids(node) == t3.end
+    _assert_valid_everywhere(graph)
+
+
 def test_python_work_of_ingestion_and_export_does_not_grow_with_tokens() -> None:
     """Per-token work runs in C (slices, hashes, CRCs, list products): the Python lines run to
     ingest and export a 64-turn chat are the same for 5 and for 500 sampled tokens per turn."""
