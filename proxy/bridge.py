@@ -156,7 +156,10 @@ class History:
 
     ``extends``: an earlier request's fingerprints (the session's previous call). Where its messages, tools
     and kwargs are equal to the start of these, its digest state is taken over and only the later messages
-    are hashed, so a session's fingerprints cost its new messages, not its whole history, per call.
+    are hashed, so a session's fingerprints cost its new messages, not its whole history, per call; and the
+    start of ``messages`` (the request's list, changed in place) becomes its message objects, so the session's
+    requests share them and the other comparisons of a history with an earlier one (the bridge's rendering,
+    the journal's delta) are by identity, not by content.
     """
 
     __slots__ = ("_state", "boundaries", "head", "messages")
@@ -173,6 +176,7 @@ class History:
         self.messages = messages
         start = len(extends.messages) if extends is not None else 0
         if extends is not None and extends.head == self.head and messages[:start] == extends.messages:
+            messages[:start] = extends.messages  # the same objects: later comparisons of them are by identity
             state, self.boundaries = extends._state.copy(), list(extends.boundaries)
         else:
             state, self.boundaries, start = hashlib.blake2b(self.head), [], 0
