@@ -514,3 +514,20 @@ def test_the_match_is_semantic() -> None:
     assert index_key not in {boundary(message) for message in different}
     assert boundary(resent, {"role": "user", "content": "go on"}) != index_key
     assert boundary(resent, tools=TOOLS) != index_key
+
+
+def test_a_resent_history_shares_the_earlier_requests_message_objects() -> None:
+    """Each call resends the whole history, parsed afresh: once fingerprinted against the previous call's, its
+    messages are the session's earlier objects, so the later comparisons of the history cost one pointer each."""
+    system = {"role": "system", "content": "an agent " * 800}
+    first = [system, {"role": "user", "content": "go"}]
+    earlier = History(first, TOOLS, None)
+    earlier = History([*first, {"role": "assistant", "content": "ok"}], TOOLS, None, extends=earlier)
+    resent = orjson.loads(orjson.dumps([*earlier.messages, {"role": "user", "content": "more"}]))
+    later = History(resent, TOOLS, None, extends=earlier)
+    assert later.messages is resent and resent[:3] == earlier.messages
+    assert all(a is b for a, b in zip(resent[:3], earlier.messages, strict=True)) and resent[3]["content"] == "more"
+    changed = orjson.loads(orjson.dumps(resent))
+    changed[1]["content"] = "went"  # not a resend: nothing is shared, the fingerprints start over
+    History(changed, TOOLS, None, extends=later)
+    assert not any(a is b for a, b in zip(changed, later.messages, strict=True))
