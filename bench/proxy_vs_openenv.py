@@ -1140,7 +1140,9 @@ def hardening_report(
         for case in [c for c in cases if c.endswith("x64")]:
             row(
                 f"RSS MB per 64-turn session {case} {tag}",
-                lambda t, c=case, s=stream: fmt(p.mb_per_session, 2) if (p := phase(t, c, s, False)) else "-",
+                lambda t, c=case, s=stream: (
+                    fmt(p.mb_per_session, 2) if (p := phase(t, c, s, False)) and t != "passthrough" else "-"
+                ),
             )
         for case in [c for c in cases if c.endswith("x128")]:
             row(

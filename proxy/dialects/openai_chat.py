@@ -57,6 +57,8 @@ _LIFTED = frozenset(
 )
 _ENGINE_ONLY = frozenset({"prompt_token_ids", "prompt_logprobs", "kv_transfer_params"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_AS_SENT_ROLES = _ROLES - {"developer"}
+_TEXT_CONTENT = frozenset({str, type(None)})
 _TEXT_PARTS = frozenset({"text"})
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -82,7 +84,9 @@ def parse_request(body: Any) -> ChatRequest:
     expect(body.get("tools") is None or isinstance(body["tools"], list), "'tools' must be an array", "tools")
 
     out = {key: value for key, value in body.items() if key not in _LIFTED}
-    out["messages"] = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
+    out["messages"] = (
+        list(messages) if _all_as_sent(messages) else [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    )
     max_completion_tokens = body.get("max_completion_tokens")
     if max_completion_tokens is not None:
         max_tokens = body.get("max_tokens")
@@ -102,6 +106,18 @@ def parse_request(body: Any) -> ChatRequest:
         return_logprobs=optional_bool(body, "logprobs"),
         return_token_ids=optional_bool(body, "return_token_ids"),
     )
+
+
+def _all_as_sent(messages: list[Any]) -> bool:
+    """Whether every message goes to the engine as the agent sent it (what ``_message`` returns unchanged), in one
+    pass without a call per message: an agent resends its whole history on every call."""
+    try:
+        return all(
+            type(m) is dict and m.get("role") in _AS_SENT_ROLES and type(m.get("content")) in _TEXT_CONTENT
+            for m in messages
+        )
+    except TypeError:  # an unhashable role: ``_message`` says what is wrong with it
+        return False
 
 
 def _message(message: Any, param: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from proxy.dialects import anthropic_messages as anthropic
 from proxy.dialects import openai_chat as chat
 from proxy.dialects import openai_responses as responses
 from proxy.dialects.base import DELTA_CHARS
+from tests.support.counting import count_calls
 
 LONG_TEXT = (
     'I found the bug: `add` subtracts. Here is the "fix" 🎉 — it changes one line.\n\n'
@@ -245,6 +246,19 @@ def test_chat_parse_normalises() -> None:
     assert request.return_logprobs and request.return_token_ids and not request.stream
 
 
+def test_chat_a_history_sent_as_is_is_checked_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent resends its whole history on every call: messages the engine takes as they are cost no call each;
+    one that needs converting sends the history through the per-message path, which converts it."""
+    per_message = count_calls(monkeypatch, chat, "_message")
+    history = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    history += [{"role": "assistant", "content": None, "tool_calls": []}, {"role": "tool", "content": "ok"}] * 50
+    request = chat.parse_request({"model": "m", "messages": history})
+    assert request.body["messages"] == history and request.body["messages"] is not history and per_message.n == 0
+    request = chat.parse_request({"model": "m", "messages": [*history, {"role": "developer", "content": "d"}]})
+    assert request.body["messages"] == [*history, {"role": "system", "content": "d"}]
+    assert per_message.n == len(history) + 1
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -256,6 +270,10 @@ def test_chat_parse_normalises() -> None:
         ({"messages": [{"role": "user", "content": "x"}], "model": 3}, "model"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": ["user"], "content": "x"}]}, "messages[1].role"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": {"a": 1}}]}, "messages[1].role"),
+        ({"messages": [{"role": "user", "content": "x"}, "hi"]}, "messages[1]"),
+        ({"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages[0]"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}]},
             "messages[0].content",
