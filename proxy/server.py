@@ -868,7 +868,7 @@ def _translate(
     data: bytes, dialect: ModuleType, session: Session
 ) -> tuple[ChatRequest, dict[str, Any], dict[str, Any], bytes]:
     """``(chat, engine body, requested sampling, engine payload)`` of a request body; raises what it refuses."""
-    chat = dialect.parse_request(orjson.loads(data))
+    chat = dialect.parse_request(orjson.loads(data), session.message_memo)
     upstream_body, requested = engine_request(
         chat.body,
         model=session.model,

@@ -37,6 +37,7 @@ from typing import Any
 
 from proxy.bridge import REASONING_MODES, BridgeIndex, History
 from proxy.capture_graph import CaptureGraph
+from proxy.dialects.base import MessageMemo
 from proxy.engine_client import Capture, engine_base_url
 from proxy.journal import JournalError, JournalFiles, SessionJournal, cut_torn_tail, quarantine, read_journal
 from proxy.sampling_policy import SamplingPolicy
@@ -148,6 +149,7 @@ class Session:
         self.journal = journal
         self.graph = CaptureGraph()
         self.bridge = BridgeIndex()
+        self.message_memo = MessageMemo()  # the dialect's conversions of the last request's messages
         self.stats = SessionStats()
         self._requests: dict[str, dict[str, Any]] = {}  # node id -> its request (shared with the graph)
         self._metadata: dict[str, Any] | None = None  # the last turn's, shared by the next turns while equal

@@ -46,6 +46,7 @@ import orjson
 from proxy.dialects.base import (
     ChatRequest,
     DialectError,
+    MessageMemo,
     StreamRenderer,
     chunks,
     drop_empty_tools,
@@ -95,8 +96,9 @@ _ERROR_TYPES = {
 # --- request ---------------------------------------------------------------------------------------------------------
 
 
-def parse_request(body: Any) -> ChatRequest:
-    """Translate a Messages request into a chat-completions body (see the module docstring)."""
+def parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
+    """Translate a Messages request into a chat-completions body (see the module docstring); with the session's
+    ``memo``, only the messages a resent history adds are converted."""
     body = expect_object(body)
     model = model_name(body)
     stream = optional_bool(body, "stream")
@@ -119,8 +121,7 @@ def parse_request(body: Any) -> ChatRequest:
     system = _system(body.get("system"))
     if system is not None:
         out_messages.append({"role": "system", "content": system})
-    for index, message in enumerate(messages):
-        out_messages.extend(_message(message, f"messages[{index}]", first=index == 0))
+    out_messages += memo.convert(messages, _message_at) if memo is not None else _converted(messages)
     out: dict[str, Any] = {"model": model, "messages": out_messages, "max_tokens": max_tokens}
     tools = _tools(body.get("tools"))
     if tools:
@@ -141,6 +142,14 @@ def _system(system: Any) -> str | None:
         return system or None
     expect(isinstance(system, list), "'system' must be a string or an array of text blocks", "system")
     return join_text_parts(system, _TEXT_BLOCKS, "system")
+
+
+def _converted(messages: list[Any]) -> list[dict[str, Any]]:
+    return [out for index, message in enumerate(messages) for out in _message_at(message, index)]
+
+
+def _message_at(message: Any, index: int) -> list[dict[str, Any]]:
+    return _message(message, f"messages[{index}]", first=index == 0)
 
 
 def _message(message: Any, param: str, *, first: bool = False) -> list[dict[str, Any]]:

@@ -8,9 +8,13 @@ chat-completions contract and back. Each module exposes, at module level:
 ``KEEPALIVE: bytes``
     One SSE frame the proxy may write while the engine call is in flight; every
     client of the dialect ignores it.
-``parse_request(body: Any) -> ChatRequest``
+``parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest``
     Validate and translate the decoded JSON body. Raises ``DialectError`` (status
     400) for a body the dialect rejects; never returns a partial translation.
+    ``memo`` is the session's: a dialect that converts each message on its own
+    (Anthropic's) converts only the messages a resent history adds to the last
+    request's; chat passes messages through and Responses folds its items, so they
+    convert every call in one pass.
 ``render_response(engine: dict, request: ChatRequest) -> dict``
     The agent's JSON reply built from one complete engine chat completion.
 ``stream_renderer(request: ChatRequest) -> StreamRenderer``
@@ -37,9 +41,11 @@ chat-completions contract and back. Each module exposes, at module level:
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,7 +111,7 @@ class Dialect(Protocol):
     NAME: str
     KEEPALIVE: bytes
 
-    def parse_request(self, body: Any) -> ChatRequest: ...
+    def parse_request(self, body: Any, memo: MessageMemo | None = None) -> ChatRequest: ...
 
     def render_response(self, engine: dict[str, Any], request: ChatRequest) -> dict[str, Any]: ...
 
@@ -127,6 +133,42 @@ class Dialect(Protocol):
         param: str | None = None,
         request: ChatRequest | None = None,
     ) -> bytes: ...
+
+
+class MessageMemo:
+    """One session's last request, for a dialect that converts each message on its own: the messages as sent (their
+    JSON) and what each became. An agent resends its whole history on every call; ``convert`` converts only what it
+    added. The resent messages must be the same JSON, byte for byte as orjson writes them (``1``, ``1.0`` and
+    ``true`` differ), so a reused conversion is the one these messages get. Safe across threads: the last request
+    is read and replaced as one value."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, list[list[dict[str, Any]]], Callable[..., Any] | None] = (b"[]", [], None)
+
+    def convert(self, messages: list[Any], one: Callable[[Any, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """``one(message, index)`` of each of ``messages``, concatenated; ``one`` runs only for the messages after
+        the last request's when these start with them (and the last request was converted by ``one`` too). The
+        memo changes only once every message is converted: a ``DialectError`` leaves it as it was."""
+        try:
+            sent = orjson.dumps(messages)
+        except orjson.JSONEncodeError:  # an id past 64 bits, say: nothing to compare, convert it all
+            sent = None
+        last_sent, last_converted, last_one = self._last
+        prefix = last_sent[:-1]  # the last request's array without its "]": a resend goes on with "," or "]"
+        start = 0
+        if (
+            sent is not None
+            and one is last_one
+            and sent.startswith(prefix)
+            and sent[len(prefix) : len(prefix) + 1] in (b",", b"]")
+        ):
+            start = len(last_converted)
+        converted = last_converted[:start] + [one(m, index) for index, m in enumerate(messages[start:], start)]
+        if sent is not None:
+            self._last = (sent, converted, one)
+        return list(itertools.chain.from_iterable(converted))
 
 
 class StreamRenderer(Protocol):

@@ -30,6 +30,7 @@ from proxy.dialects.base import (
     SSE_DONE,
     ChatRequest,
     DialectError,
+    MessageMemo,
     StreamRenderer,
     chunks,
     drop_empty_tools,
@@ -70,8 +71,9 @@ _ERROR_TYPES = {
 }
 
 
-def parse_request(body: Any) -> ChatRequest:
-    """Validate a chat-completions body and normalise it for the engine (see the module docstring)."""
+def parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
+    """Validate a chat-completions body and normalise it for the engine (see the module docstring). Messages pass
+    through, checked in one pass, so ``memo`` is not used."""
     body = expect_object(body)
     model = model_name(body)
     stream = optional_bool(body, "stream")

@@ -55,6 +55,7 @@ from proxy.dialects.base import (
     SSE_COMMENT_KEEPALIVE,
     ChatRequest,
     DialectError,
+    MessageMemo,
     StreamRenderer,
     chunks,
     drop_empty_tools,
@@ -116,8 +117,9 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty
 # --- request ---------------------------------------------------------------------------------------------------------
 
 
-def parse_request(body: Any) -> ChatRequest:
-    """Translate a Responses request into a chat-completions body (see the module docstring)."""
+def parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
+    """Translate a Responses request into a chat-completions body (see the module docstring). Items are folded into
+    messages (a tool call joins the assistant message before it), so ``memo`` is not used."""
     body = expect_object(body)
     model = model_name(body)
     stream = optional_bool(body, "stream")

@@ -22,7 +22,7 @@ from proxy.dialects import COUNT_TOKENS_ROUTE, DIALECTS, ROUTES, ChatRequest, Di
 from proxy.dialects import anthropic_messages as anthropic
 from proxy.dialects import openai_chat as chat
 from proxy.dialects import openai_responses as responses
-from proxy.dialects.base import DELTA_CHARS
+from proxy.dialects.base import DELTA_CHARS, MessageMemo
 from tests.support.counting import count_calls
 
 LONG_TEXT = (
@@ -941,6 +941,49 @@ def test_anthropic_parse_claude_code_request() -> None:
     ]
     assert body["max_tokens"] == 32000 and body["temperature"] == 1 and body["stop"] == ["</answer>"]
     assert not {"system", "metadata", "thinking", "stream", "stop_sequences", "tool_choice"} & body.keys()
+
+
+def test_anthropic_a_resent_history_converts_only_what_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """claude-code resends its whole history on every call: with the session's memo only the new messages are
+    converted, and the translation is the one without it. A resend that is not the same JSON (a number sent as
+    ``true``, ``1.0`` for ``1``), a shorter history or another dialect's memo converts everything again."""
+    per_message = count_calls(monkeypatch, anthropic, "_message")
+    memo = MessageMemo()
+    messages = orjson.loads(orjson.dumps(CLAUDE_CODE_REQUEST["messages"]))
+
+    def parse(history: list[Any], with_memo: MessageMemo | None = memo) -> tuple[list[dict[str, Any]], int]:
+        before = per_message.n
+        body = orjson.loads(orjson.dumps({**CLAUDE_CODE_REQUEST, "messages": history}))  # parsed afresh, as sent
+        converted = anthropic.parse_request(body, with_memo).body["messages"]
+        assert converted == anthropic.parse_request(orjson.loads(orjson.dumps(body))).body["messages"]
+        return converted, per_message.n - before - len(history)  # less the memo-free parse's own conversions
+
+    assert parse(messages)[1] == len(messages)
+    call = {"type": "tool_use", "id": "toolu_09", "name": "Bash", "input": {"command": "ls", "timeout": 1}}
+    resent = [*messages, {"role": "assistant", "content": [call]}]
+    converted, conversions = parse(resent)
+    assert (
+        conversions == 1 and converted[-1]["tool_calls"][0]["function"]["arguments"] == '{"command":"ls","timeout":1}'
+    )
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_09", "content": "a.py"}]}
+    assert parse([*resent, result])[1] == 1 and parse([*resent, result])[1] == 0
+    for value in (True, 1.0):  # equal in Python, not in JSON: converted again, and as sent
+        changed = [
+            *messages,
+            {"role": "assistant", "content": [{**call, "input": {"command": "ls", "timeout": value}}]},
+        ]
+        converted, conversions = parse([*changed, result])
+        assert (
+            conversions == len(changed) + 1
+            and orjson.dumps(value).decode() in converted[-2]["tool_calls"][0]["function"]["arguments"]
+        )
+    assert parse(messages[:2])[1] == 2
+    with pytest.raises(DialectError) as raised:  # a malformed addition: refused, the memo as it was
+        anthropic.parse_request({**CLAUDE_CODE_REQUEST, "messages": [*messages[:2], {"role": "robot"}]}, memo)
+    assert raised.value.param == "messages[2].role" and parse(messages[:3])[1] == 1
+    other = MessageMemo()
+    other.convert(messages, lambda message, index: [{"role": "user", "content": "another dialect's"}])
+    assert parse(messages, other)[1] == len(messages)
 
 
 @pytest.mark.parametrize(
