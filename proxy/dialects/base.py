@@ -11,10 +11,9 @@ chat-completions contract and back. Each module exposes, at module level:
 ``parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest``
     Validate and translate the decoded JSON body. Raises ``DialectError`` (status
     400) for a body the dialect rejects; never returns a partial translation.
-    ``memo`` is the session's: a dialect that converts each message on its own
-    (Anthropic's) converts only the messages a resent history adds to the last
-    request's; chat passes messages through and Responses folds its items, so they
-    convert every call in one pass.
+    ``memo`` is the session's: Anthropic's messages and Responses' input items are
+    each read on their own, so only those a resent history adds to the last
+    request's are; chat passes messages through, checked in one pass.
 ``render_response(engine: dict, request: ChatRequest) -> dict``
     The agent's JSON reply built from one complete engine chat completion.
 ``stream_renderer(request: ChatRequest) -> StreamRenderer``
@@ -136,7 +135,7 @@ class Dialect(Protocol):
 
 
 class MessageMemo:
-    """One session's last request, for a dialect that converts each message on its own: the messages as sent (their
+    """One session's last request, for a dialect that reads each message on its own: the messages as sent (their
     JSON) and what each became. An agent resends its whole history on every call; ``convert`` converts only what it
     added. The resent messages must be the same JSON, byte for byte as orjson writes them (``1``, ``1.0`` and
     ``true`` differ), so a reused conversion is the one these messages get. Safe across threads: the last request
@@ -145,9 +144,9 @@ class MessageMemo:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[bytes, list[list[dict[str, Any]]], Callable[..., Any] | None] = (b"[]", [], None)
+        self._last: tuple[bytes, list[list[Any]], Callable[..., Any] | None] = (b"[]", [], None)
 
-    def convert(self, messages: list[Any], one: Callable[[Any, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    def convert[T](self, messages: list[Any], one: Callable[[Any, int], list[T]]) -> list[T]:
         """``one(message, index)`` of each of ``messages``, concatenated; ``one`` runs only for the messages after
         the last request's when these start with them (and the last request was converted by ``one`` too). The
         memo changes only once every message is converted: a ``DialectError`` leaves it as it was."""

@@ -118,8 +118,8 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty
 
 
 def parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
-    """Translate a Responses request into a chat-completions body (see the module docstring). Items are folded into
-    messages (a tool call joins the assistant message before it), so ``memo`` is not used."""
+    """Translate a Responses request into a chat-completions body (see the module docstring); with the session's
+    ``memo``, only the input items a resent input adds are read."""
     body = expect_object(body)
     model = model_name(body)
     stream = optional_bool(body, "stream")
@@ -130,7 +130,7 @@ def parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
     expect(instructions is None or isinstance(instructions, str), "'instructions' must be a string", "instructions")
     tools, tool_kinds = _tools(body.get("tools"))
 
-    out: dict[str, Any] = {"model": model, "messages": _messages(instructions, body.get("input"))}
+    out: dict[str, Any] = {"model": model, "messages": _messages(instructions, body.get("input"), memo)}
     if tools:
         out["tools"] = tools
     if body.get("tool_choice") is not None:
@@ -231,10 +231,55 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": schema}
 
 
-def _messages(instructions: str | None, items: Any) -> list[dict[str, Any]]:
+def _messages(instructions: str | None, items: Any, memo: MessageMemo | None) -> list[dict[str, Any]]:
+    """The chat messages of ``input``: each item read on its own (``_item``; with ``memo``, only the items a resent
+    input adds), then folded in order (``_fold``)."""
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
     expect(isinstance(items, list) and bool(items), "'input' must be a non-empty string or array", "input")
+    steps = (
+        memo.convert(items, _item) if memo is not None else [s for i, item in enumerate(items) for s in _item(item, i)]
+    )
+    return _fold(instructions, steps)
+
+
+def _item(item: Any, index: int) -> list[tuple[str, Any]]:
+    """What input item ``index`` adds to the conversation, checked: nothing (a skipped item, empty reasoning) or one
+    step, ``("reasoning", text)``, ``("assistant", text)``, ``("call", tool call)``, ``("system", text)`` or
+    ``("message", message)`` (a user message or a tool output)."""
+    param = f"input[{index}]"
+    expect(isinstance(item, dict), "each input item must be an object", param)
+    kind = item.get("type", "message" if "role" in item else None)
+    expect(kind is None or isinstance(kind, str), "input item 'type' must be a string", f"{param}.type")
+    role = item.get("role") if kind == "message" else None
+    if kind in _SKIPPED_ITEMS:
+        return []
+    if kind == "reasoning":
+        text = _reasoning_text(item, param)
+        return [("reasoning", text)] if text else []
+    if role == "assistant":
+        return [("assistant", _text(item.get("content"), f"{param}.content"))]
+    if kind in _CALL_ITEMS:
+        return [("call", _tool_call(item, kind, param))]
+    if kind in _OUTPUT_ITEMS:
+        call_id = item.get("call_id") or (item.get("id") if kind == "local_shell_call_output" else None)
+        expect(isinstance(call_id, str) and bool(call_id), f"{kind} needs a 'call_id'", param)
+        return [("message", {"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), param)})]
+    if kind != "message":
+        raise DialectError(400, f"input item type {kind!r} is not supported", param)
+    if role in ("system", "developer"):
+        return [("system", _text(item.get("content"), f"{param}.content"))]
+    if role == "user":
+        return [("message", {"role": "user", "content": _text(item.get("content"), f"{param}.content")})]
+    raise DialectError(400, f"unknown message role {role!r}", f"{param}.role")
+
+
+def _fold(instructions: str | None, steps: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of ``_item``'s steps in order: reasoning goes to the next assistant message; a tool call joins
+    the assistant message before it (a new one if reasoning came between); anything else ends the model's turn
+    (reasoning still pending belongs to none); system text before the first message joins ``instructions``.
+    Every assistant message is made here, so the steps' own dicts (shared by a memo's later requests) are never
+    changed."""
     system = [instructions] if instructions else []
     messages: list[dict[str, Any]] = []
     reasoning: str | None = None
@@ -248,45 +293,24 @@ def _messages(instructions: str | None, items: Any) -> list[dict[str, Any]]:
         messages.append(message)
         return message
 
-    for index, item in enumerate(items):
-        param = f"input[{index}]"
-        expect(isinstance(item, dict), "each input item must be an object", param)
-        kind = item.get("type", "message" if "role" in item else None)
-        expect(kind is None or isinstance(kind, str), "input item 'type' must be a string", f"{param}.type")
-        role = item.get("role") if kind == "message" else None
-        if kind in _SKIPPED_ITEMS:
-            continue
+    for kind, value in steps:
         if kind == "reasoning":
-            text = _reasoning_text(item, param)
-            if text:
-                reasoning = text if reasoning is None else f"{reasoning}\n{text}"
-            continue
-        if role == "assistant":
-            assistant(_text(item.get("content"), f"{param}.content"))
-            continue
-        if kind in _CALL_ITEMS:
+            reasoning = value if reasoning is None else f"{reasoning}\n{value}"
+        elif kind == "assistant":
+            assistant(value)
+        elif kind == "call":
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant" or reasoning is not None:
                 last = assistant("")
-            last.setdefault("tool_calls", []).append(_tool_call(item, kind, param))
-            continue
-        reasoning = None  # anything else ends the model's turn; reasoning still pending belongs to none
-        if kind in _OUTPUT_ITEMS:
-            call_id = item.get("call_id") or (item.get("id") if kind == "local_shell_call_output" else None)
-            expect(isinstance(call_id, str) and bool(call_id), f"{kind} needs a 'call_id'", param)
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), param)})
-        elif kind != "message":
-            raise DialectError(400, f"input item type {kind!r} is not supported", param)
-        elif role in ("system", "developer"):
-            content = _text(item.get("content"), f"{param}.content")
-            if messages:
-                messages.append({"role": "system", "content": content})
-            else:
-                system.append(content)
-        elif role == "user":
-            messages.append({"role": "user", "content": _text(item.get("content"), f"{param}.content")})
+            last.setdefault("tool_calls", []).append(value)
         else:
-            raise DialectError(400, f"unknown message role {role!r}", f"{param}.role")
+            reasoning = None
+            if kind == "message":
+                messages.append(value)
+            elif messages:
+                messages.append({"role": "system", "content": value})
+            else:
+                system.append(value)
     if system:
         messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return messages

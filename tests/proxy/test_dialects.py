@@ -11,6 +11,7 @@ client consumes the replay.
 from __future__ import annotations
 
 import inspect
+import random
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -984,6 +985,72 @@ def test_anthropic_a_resent_history_converts_only_what_it_adds(monkeypatch: pyte
     other = MessageMemo()
     other.convert(messages, lambda message, index: [{"role": "user", "content": "another dialect's"}])
     assert parse(messages, other)[1] == len(messages)
+
+
+def test_responses_a_resent_input_reads_only_what_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """codex resends its whole input on every call: with the session's memo only the new items are read, and the
+    messages are the ones without it, also where a new item joins a message the last request ended with (a second
+    tool call after the first), which the last request's messages keep as they were."""
+    per_item = count_calls(monkeypatch, responses, "_item")
+    memo = MessageMemo()
+
+    def parse(items: list[Any]) -> tuple[list[dict[str, Any]], int]:
+        before = per_item.n
+        body = orjson.loads(orjson.dumps({**CODEX_REQUEST, "input": items}))
+        messages = responses.parse_request(body, memo).body["messages"]
+        assert messages == responses.parse_request(orjson.loads(orjson.dumps(body))).body["messages"]
+        return messages, per_item.n - before - len(items)
+
+    items = orjson.loads(orjson.dumps(CODEX_REQUEST["input"]))
+    assert parse(items)[1] == len(items)
+    think = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Look around."}]}
+    first = {"type": "function_call", "name": "shell", "arguments": '{"command":["ls"]}', "call_id": "call_a"}
+    earlier, conversions = parse([*items, think, first])
+    assert conversions == 2 and earlier[-1]["tool_calls"][0]["id"] == "call_a"
+    assert earlier[-1]["reasoning_content"] == "Look around."
+    second = {**first, "arguments": '{"command":["pwd"]}', "call_id": "call_b"}
+    later, conversions = parse([*items, think, first, second])
+    assert conversions == 1 and [call["id"] for call in later[-1]["tool_calls"]] == ["call_a", "call_b"]
+    assert [call["id"] for call in earlier[-1]["tool_calls"]] == ["call_a"]  # the last request's, unchanged
+    output = {"type": "function_call_output", "call_id": "call_a", "output": "a.py"}
+    assert parse([*items, think, first, second, output])[1] == 1
+    with pytest.raises(DialectError) as raised:
+        responses.parse_request({**CODEX_REQUEST, "input": [*items, think, first, second, output, {"type": "x"}]}, memo)
+    assert raised.value.param == f"input[{len(items) + 4}]"
+    assert parse([*items, think, first, second, output, output])[1] == 1
+
+
+RESPONSES_ITEMS = [
+    {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "r"}]},
+    {"type": "reasoning", "content": []},
+    {"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"},
+    {"type": "local_shell_call", "call_id": "l", "action": {"command": ["ls"]}},
+    {"type": "function_call_output", "call_id": "c", "output": "o"},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+    {"type": "message", "role": "user", "content": "u"},
+    {"type": "message", "role": "developer", "content": "d"},
+    {"type": "web_search_call"},
+    {"type": "bogus"},
+]
+
+
+def test_responses_with_a_memo_any_resent_input_reads_as_it_does_without() -> None:
+    """Random inputs, each after a random earlier request of the session (its start, or another input): the
+    messages, or the error, are those of a parse without a memo."""
+    rng = random.Random(0)
+
+    def messages(items: list[Any], memo: MessageMemo | None) -> Any:
+        try:
+            return responses.parse_request({"input": items, "instructions": "I"}, memo).body["messages"]
+        except DialectError as exc:
+            return exc.status, str(exc), exc.param
+
+    for _ in range(2000):
+        items = [rng.choice(RESPONSES_ITEMS) for _ in range(rng.randint(1, 8))]
+        memo = MessageMemo()
+        earlier = items[: rng.randint(1, len(items))] if rng.random() < 0.8 else [rng.choice(RESPONSES_ITEMS)]
+        messages(orjson.loads(orjson.dumps(earlier)), memo)
+        assert messages(orjson.loads(orjson.dumps(items)), memo) == messages(items, None), (earlier, items)
 
 
 @pytest.mark.parametrize(
