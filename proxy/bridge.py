@@ -325,8 +325,9 @@ class _Rendered:
         """The rendering's ids; None where an id does not fit 64 bits (no ``/tokenize`` answer has those)."""
         if self.ids is not None:
             return self.ids
+        assert self.node_id is not None, "a rendering holds its ids or its call's node"
         try:
-            return array("q", graph.prompt_ids(self.node_id or ""))
+            return array("q", graph.prompt_ids(self.node_id))
         except OverflowError:
             return None
 
@@ -369,12 +370,11 @@ async def plan_prompt(
         if speculate and _renders_once(rendered, messages, end, history):
             return BridgePlan(history, expects=turn.node_id)
         ids = graph.end_ids(turn.node_id)
-        before = None
         if rendered is not None and closing is not None and _renders_once(rendered, restored, end, history):
             before = rendered.rendering(graph)
-        if before is not None and closing is not None:
-            full = await _full(client, request, restored, history, index)
-            at = _closing_stop(full, before, closing, ids[-1])
+            if before is not None:
+                full = await _full(client, request, restored, history, index)
+                at = _closing_stop(full, before, closing, ids[-1])
         if at is not None:
             tokens = ids + full[at + 1 :].tolist()
         else:

@@ -49,6 +49,7 @@ from proxy.dialects.base import (
     MessageMemo,
     StreamRenderer,
     chunks,
+    convert_each,
     drop_empty_tools,
     engine_choice,
     engine_prompt_tokens,
@@ -121,7 +122,7 @@ def parse_request(body: Any, memo: MessageMemo | None = None) -> ChatRequest:
     system = _system(body.get("system"))
     if system is not None:
         out_messages.append({"role": "system", "content": system})
-    out_messages += memo.convert(messages, _message_at) if memo is not None else _converted(messages)
+    out_messages += convert_each(messages, _message_at, memo)
     out: dict[str, Any] = {"model": model, "messages": out_messages, "max_tokens": max_tokens}
     tools = _tools(body.get("tools"))
     if tools:
@@ -142,10 +143,6 @@ def _system(system: Any) -> str | None:
         return system or None
     expect(isinstance(system, list), "'system' must be a string or an array of text blocks", "system")
     return join_text_parts(system, _TEXT_BLOCKS, "system")
-
-
-def _converted(messages: list[Any]) -> list[dict[str, Any]]:
-    return [out for index, message in enumerate(messages) for out in _message_at(message, index)]
 
 
 def _message_at(message: Any, index: int) -> list[dict[str, Any]]:

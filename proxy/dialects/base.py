@@ -170,6 +170,13 @@ class MessageMemo:
         return list(itertools.chain.from_iterable(converted))
 
 
+def convert_each[T](messages: list[Any], one: Callable[[Any, int], list[T]], memo: MessageMemo | None) -> list[T]:
+    """``one(message, index)`` of each of ``messages``, concatenated; through ``memo`` where the session has one."""
+    if memo is not None:
+        return memo.convert(messages, one)
+    return [out for index, message in enumerate(messages) for out in one(message, index)]
+
+
 class StreamRenderer(Protocol):
     """One reply's SSE frames, rendered as the engine samples it (see the module docstring)."""
 

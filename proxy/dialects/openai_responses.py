@@ -58,6 +58,7 @@ from proxy.dialects.base import (
     MessageMemo,
     StreamRenderer,
     chunks,
+    convert_each,
     drop_empty_tools,
     engine_choice,
     engine_created,
@@ -237,10 +238,7 @@ def _messages(instructions: str | None, items: Any, memo: MessageMemo | None) ->
     if isinstance(items, str):
         items = [{"type": "message", "role": "user", "content": items}]
     expect(isinstance(items, list) and bool(items), "'input' must be a non-empty string or array", "input")
-    steps = (
-        memo.convert(items, _item) if memo is not None else [s for i, item in enumerate(items) for s in _item(item, i)]
-    )
-    return _fold(instructions, steps)
+    return _fold(instructions, convert_each(items, _item, memo))
 
 
 def _item(item: Any, index: int) -> list[tuple[str, Any]]:
