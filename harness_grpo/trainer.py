@@ -48,7 +48,7 @@ import torch
 from accelerate import Accelerator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, TrainerCallback
+from transformers import AutoTokenizer, PreTrainedModel, TrainerCallback
 from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl
 from transformers.utils import logging as hf_logging
@@ -69,6 +69,7 @@ from harness_grpo.engine.embedded import resolve_model
 from harness_grpo.environments import EnvironmentFactory, Environments
 from harness_grpo.hub import HubPusher
 from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logprobs
+from harness_grpo.model_loading import load_causal_lm
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
 from harness_grpo.reward_funcs import RewardFunc, RewardFunctions
@@ -230,7 +231,7 @@ class HarnessAsyncGRPOTrainer:
         )
         if isinstance(model, str):
             self.model_path, _ = resolve_model(model)
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+            self.model = load_causal_lm(self.model_path, torch.float32)
         else:
             self.model = model
             self.model_path = getattr(model, "name_or_path", None)
@@ -265,7 +266,7 @@ class HarnessAsyncGRPOTrainer:
         )
         self.reference = None
         if args.beta > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+            self.reference = load_causal_lm(self.model_path, torch.float32).eval()
             self.reference.requires_grad_(False).to(self.device)
         self.state = HarnessTrainerState(
             max_steps=self.max_steps,

@@ -1,7 +1,7 @@
 """The embedded engine: a transformers model, its tokenizer and the compute thread.
 
 Contract: ``EmbeddedEngine(model)`` loads ``model`` (a local path, a hub id,
-or ``"tiny"`` for the built tiny model) with ``AutoModelForCausalLM`` and
+or ``"tiny"`` for the built tiny model) with ``load_causal_lm`` (no Hub kernels) and
 ``AutoTokenizer`` and starts nothing; ``start()`` starts the compute thread,
 ``stop()`` ends it. It is thread-safe: prompts are rendered and encoded on the
 calling thread, generation runs on the compute thread (``submit`` returns a
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from harness_grpo.engine.errors import EngineError, bad_request
@@ -45,6 +45,7 @@ from harness_grpo.engine.prefix_cache import PrefixCache
 from harness_grpo.engine.sampling import SamplingParams
 from harness_grpo.engine.tokens import TokenBytes
 from harness_grpo.engine.weights import check_state_dict, copy_state_dict
+from harness_grpo.model_loading import load_causal_lm
 from harness_grpo.tiny_model import SERVED_MODEL_NAME, tiny_model_path
 from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
 
@@ -83,7 +84,7 @@ class EmbeddedEngine:
         self.model_path = path
         self.served_model_name = served_model_name or default_name
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype else {})).eval()
+        self.model = load_causal_lm(path, dtype).eval()
         self.model.requires_grad_(False)
         config = self.model.config.get_text_config(decoder=True)
         layer_types = {type(layer) for layer in DynamicCache(config=self.model.config).layers}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -9,11 +10,13 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import harness_grpo
 from examples import submit_task
 from examples.white_box_submit import SubmitTaskSessionFactory, SubmitToolLoop
 from harness_grpo import HarnessAsyncGRPOTrainer, HarnessGRPOConfig
+from harness_grpo.engine.embedded import EmbeddedEngine
 from harness_grpo.weight_transports import EmbeddedWeightSync
 
 
@@ -64,6 +67,18 @@ def test_without_max_steps_a_run_is_epochs_over_the_dataset(tmp_path: Path) -> N
     args = _args(tmp_path, max_steps=3)
     trainer = HarnessAsyncGRPOTrainer(str(submit_task.task_model_path()), SubmitTaskSessionFactory, args, dataset)
     assert trainer.max_steps == 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kernels") is None, reason="Hub kernels need kernels")
+def test_the_trained_the_reference_and_the_served_model_use_no_hub_kernels(tmp_path: Path) -> None:
+    """With ``kernels`` installed, transformers turns Hub kernels on by default; on a GPU ``train()`` then
+    swaps layers for code fetched from the Hub (an offline machine failed its first step so)."""
+    path = str(submit_task.task_model_path())
+    assert AutoModelForCausalLM.from_pretrained(path).use_kernels  # the default this guards against
+    trainer = HarnessAsyncGRPOTrainer(path, SubmitTaskSessionFactory, _args(tmp_path, beta=0.1), submit_task.dataset())
+    assert trainer.reference is not None
+    assert not trainer.model.use_kernels and not trainer.reference.use_kernels
+    assert not EmbeddedEngine(path).model.use_kernels
 
 
 def test_rows_without_a_prompt_are_refused_for_a_third_party_factory(tmp_path: Path) -> None:
