@@ -3,6 +3,7 @@
     python examples/grpo_catch/grpo_catch.py --output_dir runs/catch --save_rollouts true
     python -m bench.catch_moves runs/catch/rollouts.jsonl --window 5
     python -m bench.catch_moves --model ~/.cache/harness_grpo/tool-sft-...   # a checkpoint, before any game
+    python -m bench.catch_moves --sft-board-moves [--steps 300]             # can the tiny model read the board?
 
 With a ``rollouts.jsonl`` (a ``grpo_catch`` run with ``save_rollouts``) it prints, per window of steps, the
 games caught and, for each relation the last board stated (the ball to the LEFT of the paddle, to its RIGHT,
@@ -11,6 +12,11 @@ policy that learns Catch moves towards the ball and stays under it; a policy who
 ignores the board, whatever its shaping reward says. With ``--model`` it prints, for each column of the
 ball on the opening board, the model's probability of calling ``stay`` and of ``left`` over ``left`` +
 ``right`` for a ``move``, read off its next-token distribution at the recipe's first prompt.
+
+``--sft-board-moves`` is a capacity probe, not a recipe: the warm tiny model after the recipe's format SFT
+(same episodes count, turns, steps and optimizer) on moves that follow the board (move towards the ball,
+stay under it) instead of random ones, then its first-move odds as with ``--model``. If it reads the board
+after that, the model can represent the mapping and what GRPO lacks is signal, not capacity.
 """
 
 from __future__ import annotations
@@ -83,12 +89,45 @@ def first_move_odds(model_path: str) -> None:
         print(f"ball column {ball + 1}/{COLUMNS}: {odds}")
 
 
+def board_move(messages: list[dict[str, Any]], rng: Any) -> dict[str, Any]:
+    """The move the last board asks for: towards the ball, or ``stay`` under it."""
+    found = RELATION.search(messages[-1].get("content") or "")
+    side = found.group(1) if found else None
+    return {"name": "move", "arguments": {"direction": side.lower()}} if side else {"name": "stay", "arguments": {}}
+
+
+def board_move_model(steps: int) -> str:
+    """The warm tiny model after ``grpo_catch``'s format SFT with ``board_move`` for its moves (cached)."""
+    from examples.grpo_catch.grpo_catch import RECIPE
+    from examples.recipe import RecipeArguments, environment_servers
+    from harness_grpo.config import HarnessGRPOConfig
+    from harness_grpo.tiny_model.tool_sft import TOOL_SFT_RECIPE, random_episodes, tool_format_model
+    from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
+
+    with environment_servers(RECIPE, [], capacity=1):
+        chats = random_episodes(
+            RECIPE.environment_factory,
+            RECIPE.dataset(64),
+            RECIPE.moves,
+            episodes=RecipeArguments.__dataclass_fields__["sft_episodes"].default,
+            max_turns=RECIPE.sft_turns,
+            seed=HarnessGRPOConfig.__dataclass_fields__["seed"].default,
+            policy=board_move,
+        )
+    return str(tool_format_model(warm_tiny_model_path(), chats, {**TOOL_SFT_RECIPE, "steps": steps}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rollouts", type=Path, nargs="?")
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--model", help="A checkpoint to read the first move's odds from, instead of a run.")
+    parser.add_argument("--sft-board-moves", action="store_true", help="the capacity probe (module docstring)")
+    parser.add_argument("--steps", type=int, default=300, help="SFT steps of --sft-board-moves")
     args = parser.parse_args()
+    if args.sft_board_moves:
+        args.model = board_move_model(args.steps)
+        print(f"SFT on board-following moves: {args.model}")
     if args.model:
         first_move_odds(args.model)
         return

@@ -29,6 +29,8 @@ from harness_grpo.environments import EnvironmentFactory, Environments, Message
 
 Moves = Mapping[str, Callable[[random.Random], dict[str, Any]]]
 """Tool name -> a function drawing that tool's arguments at random."""
+Policy = Callable[[list[Message], random.Random], dict[str, Any]]
+"""The conversation so far (its last message the latest observation) -> the next call's ``{"name", "arguments"}``."""
 
 TOOL_SFT_RECIPE = {"seed": 0, "steps": 300, "batch": 4, "lr": 3e-3, "threads": 2}
 CLOSING = "Done."
@@ -42,10 +44,13 @@ def random_episodes(
     episodes: int,
     max_turns: int,
     seed: int = 0,
+    policy: Policy | None = None,
 ) -> list[dict[str, Any]]:
     """``episodes`` chats (``{"messages", "tools"}``) of random moves on rows drawn from ``rows``.
 
-    A rollout's tools that ``moves`` does not name are shown to the model but never called.
+    A rollout's tools that ``moves`` does not name are shown to the model but never called. ``policy``
+    replaces the random choice (a probe's, e.g. ``bench.catch_moves --sft-board-moves``; a recipe's format
+    SFT keeps it None, so that it teaches no move).
     """
     rng = random.Random(seed)
     environments = Environments(environment_factory)
@@ -58,8 +63,11 @@ def random_episodes(
                 raise ValueError(f"moves names none of the tools {sorted(rollout.toolbox.functions)}")
             messages: list[Message] = [dict(m) for m in rollout.prompt]
             for turn in range(max_turns):
-                name = rng.choice(names)
-                function = {"name": name, "arguments": moves[name](rng)}
+                if policy is None:
+                    name = rng.choice(names)
+                    function = {"name": name, "arguments": moves[name](rng)}
+                else:
+                    function = policy(messages, rng)
                 call = {"id": f"call_{turn}", "type": "function", "function": function}
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
                 messages.append(rollout.toolbox.call(call).message)
