@@ -2,7 +2,7 @@
 # requires-python = ">=3.12"
 # dependencies = [
 #     "torch>=2.9,<=2.14.1",
-#     "transformers>=5.2,<6",
+#     "transformers>=5.24,<6",
 #     "tokenizers>=0.22",
 #     "accelerate>=1.10",
 #     "datasets>=4",
