@@ -8,7 +8,7 @@
 #   3. tests/trainer/test_learning.py, three seeds, the trainer on the GPU (HarnessGRPOConfig leaves
 #      use_cpu False when CUDA is there) and the embedded engine on the CPU: weights go GPU -> CPU.
 #
-# Each step has its own time limit and its log under $LOGS (default ./gpu-logs); the run goes on
+# Each step has its own time limit and its log under $LOGS (default runs/gpu-checks); the run goes on
 # after a failed step and exits non-zero if any failed. Needs the tiny and task models built
 # ($HARNESS_GRPO_CACHE) and the project's Python dependencies importable.
 #
@@ -16,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-LOGS="${LOGS:-gpu-logs}"
+LOGS="${LOGS:-runs/gpu-checks}"
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=()
