@@ -51,6 +51,20 @@ def test_random_episodes_play_whole_games_through_the_tools(catch_url: str) -> N
     assert sum(m["role"] == "tool" for m in short[0]["messages"]) == 2
 
 
+def test_a_policy_chooses_each_call_from_the_conversation_so_far(catch_url: str) -> None:
+    seen: list[str] = []
+
+    def stay_and_look(messages, rng):
+        seen.append(messages[-1]["content"])
+        return {"name": "stay", "arguments": {}}
+
+    [chat] = random_episodes(_factory(catch_url), ROWS, MOVES, episodes=1, max_turns=12, policy=stay_and_look)
+    calls = [m["tool_calls"][0]["function"] for m in chat["messages"] if m.get("tool_calls")]
+    assert calls == [{"name": "stay", "arguments": {}}] * 9
+    observations = [chat["messages"][0]["content"]] + [m["content"] for m in chat["messages"] if m["role"] == "tool"]
+    assert seen == observations[:-1]  # each call saw the board the previous one left
+
+
 def test_random_episodes_need_moves_for_the_tools(catch_url: str) -> None:
     with pytest.raises(ValueError, match="moves names none of the tools"):
         random_episodes(_factory(catch_url), ROWS, {"jump": lambda rng: {}}, episodes=1, max_turns=1)
