@@ -21,6 +21,16 @@ global normalisation). With "batch", a group whose rollouts all scored alike is 
 step's mean its rollouts are pushed down, above it up. That is the signal a task gets where a policy fails
 every rollout of it while succeeding on others: under "group" such a task's choices are never penalised,
 and what the step rewards elsewhere spreads to it unopposed. Stats stay per group either way.
+
+Turn-level credit (`step_turn_advantages`): where a reward function scores each model call of a rollout
+(a list per rollout, see `harness_grpo.reward_funcs`), each call's tokens train with
+
+    A_t = A + (r_t - mean_turns) / (std_turns + eps)      (without `scale`: A + r_t - mean_turns)
+
+A is the rollout's advantage above (the per-turn values count in the rollout's reward as their sum);
+mean_turns and std_turns are over every scored turn value of the group's (with "batch", the step's)
+scored rollouts, so a call is credited against the calls made in the same situation's rollouts and the
+tokens every call shares (the tool-call format) get no net push. A turn scored None gets only A.
 """
 
 from __future__ import annotations
@@ -29,7 +39,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BASELINES", "GroupStats", "combine_rewards", "group_advantages", "group_metrics", "step_advantages"]
+__all__ = [
+    "BASELINES",
+    "GroupStats",
+    "combine_rewards",
+    "group_advantages",
+    "group_metrics",
+    "step_advantages",
+    "step_turn_advantages",
+]
 
 BASELINES = ("group", "batch")
 
@@ -105,6 +123,53 @@ def step_advantages(
         ([0.0 if v is None else (v - mean) / denom for v in group], stats)
         for group, (_, stats) in zip(values, per_group, strict=True)
     ]
+
+
+TurnValues = Sequence[float | None] | None
+"""One rollout's per-turn values, one per model call in call order; None: the rollout has none."""
+
+
+def step_turn_advantages(
+    groups: Sequence[Sequence[TurnValues]],
+    rewards: Sequence[Sequence[float | None]],
+    *,
+    baseline: str = "group",
+    scale: bool = True,
+    eps: float = 1e-8,
+) -> list[list[list[float] | None]]:
+    """The turn-level part of each call's advantage (module docstring), shaped like ``groups``.
+
+    ``groups[g][i]`` is rollout i's per-turn values (None: none), ``rewards[g][i]`` its reward (None:
+    unscorable, so its turns neither count in the baseline nor get a value). A rollout without turn values
+    gets None; a turn scored None gets 0.0; a pool whose scored turns are all equal gives all zeros.
+    """
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, not {baseline!r}")
+    if len(groups) != len(rewards) or any(len(g) != len(r) for g, r in zip(groups, rewards, strict=False)):
+        raise ValueError("per-turn values and rewards must have the same groups and rollouts")
+    values = [
+        [
+            None if turns is None or _scored(reward, i) is None else [_scored(v, t) for t, v in enumerate(turns)]
+            for i, (turns, reward) in enumerate(zip(group, group_rewards, strict=True))
+        ]
+        for group, group_rewards in zip(groups, rewards, strict=True)
+    ]
+    pools = [values] if baseline == "batch" else [[group] for group in values]
+    out: list[list[list[float] | None]] = []
+    for pool in pools:
+        scored = [v for group in pool for turns in group if turns is not None for v in turns if v is not None]
+        varied = bool(scored) and min(scored) != max(scored)
+        mean = math.fsum(scored) / len(scored) if varied else 0.0
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in scored) / len(scored)) if varied else 0.0
+        denom = std + eps if scale else 1.0
+        for group in pool:
+            out.append(
+                [
+                    None if turns is None else [0.0 if v is None or not varied else (v - mean) / denom for v in turns]
+                    for turns in group
+                ]
+            )
+    return out
 
 
 def combine_rewards(values: Sequence[float | None], weights: Sequence[float] | None = None) -> float | None:

@@ -55,7 +55,7 @@ class MicroBatch:
     position_ids: torch.Tensor  # long
     loss_mask: torch.Tensor  # float32, 1.0 on trained tokens
     behaviour_logprobs: torch.Tensor  # float32, 0.0 where not trained
-    advantages: torch.Tensor  # float32
+    advantages: torch.Tensor  # float32, per token: the row's advantage plus its turn spans' (rows.Row)
     weights: torch.Tensor  # float32
     segments: list[list[tuple[int, int, int]]]
     layout: Layout
@@ -144,6 +144,8 @@ def _fill(rows: Sequence[Row], batch_rows: list[list[int]], pad_token_id: int, l
             mask[b, start:end] = torch.tensor(row.loss_mask, dtype=torch.float32)
             behaviour[b, start:end] = torch.tensor(row.behaviour_logprobs, dtype=torch.float32)
             advantages[b, start:end] = row.advantage
+            for span_start, span_end, extra in row.turn_advantages:
+                advantages[b, start + span_start : start + span_end] += extra
             weights[b, start:end] = row.weight
             segs.append((i, start, n))
             start = end

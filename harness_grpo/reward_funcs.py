@@ -24,6 +24,14 @@ mean. It returns one float or None per rollout (NaN reads as None), sync or ``as
 
 A rollout's reward is the weighted sum of its columns with None skipped (TRL's ``nansum``); a rollout
 with no usable column is unscorable (None: excluded from its group's baseline, no rows).
+
+Per-turn rewards (ours, beyond TRL): for a rollout, a function may return a list instead of a number,
+one float or None per model call of the rollout, in call order (one per entry of its ``trace``; with
+the built-in tool loop, one per assistant message of ``completions``). Its column value is the list's
+sum (None skipped; all None: None), so the rollout's reward and every metric read as before, and each
+call's tokens also get turn-level credit (``harness_grpo.advantages.step_turn_advantages``) from the
+weighted per-turn values of the functions that returned lists. A game can say which moves helped, not
+only whether the game was won.
 """
 
 from __future__ import annotations
@@ -46,8 +54,11 @@ if TYPE_CHECKING:
     from harness_grpo.environments import Environments
     from harness_grpo.rollouts import RolloutGroup
 
-RewardFunc = Callable[..., list[float | None]]
-"""``f(prompts, completions, **kwargs) -> list[float | None]``, one value per rollout (module docstring)."""
+RewardFunc = Callable[..., list[float | None] | list[float | list[float | None] | None]]
+"""``f(prompts, completions, **kwargs) -> list[float | None]``, one value per rollout, or per rollout a list of
+per-turn values (module docstring)."""
+TurnRewards = list[float | None] | None
+"""One rollout's weighted per-turn rewards, one per model call; None when no function scored its turns."""
 
 
 def callable_name(func: Any) -> str:
@@ -138,27 +149,36 @@ class RewardFunctions:
 
     def score(
         self, groups: Sequence[RolloutGroup], trainer_state: Any = None
-    ) -> tuple[list[list[float | None]], dict[str, list[float | None]], dict[str, float]]:
-        """``(rewards per group, values per column over the flattened rollouts, metrics the functions logged)``."""
+    ) -> tuple[list[list[float | None]], dict[str, list[float | None]], dict[str, float], list[list[TurnRewards]]]:
+        """``(rewards per group, values per column over the flattened rollouts, metrics the functions logged,
+        per-turn rewards per group)``; a rollout's per-turn rewards are the weighted nansum, turn by turn, of the
+        functions that returned a list for it (None where none did)."""
         pairs = [(group.row, outcome) for group in groups for outcome in group.outcomes]
         ran = [i for i, (_, outcome) in enumerate(pairs) if _ran(outcome)]
         columns: dict[str, list[float | None]] = {name: [None] * len(pairs) for name in self.names}
+        turns: list[TurnRewards] = [None] * len(pairs)
         logged: defaultdict[str, list[float]] = defaultdict(list)
         if ran:
             kwargs = self._kwargs([pairs[i] for i in ran], trainer_state, lambda n, v: logged[n].append(float(v)))
-            for name, func in zip(self.names[: len(self.funcs)], self.funcs, strict=True):
-                values = _check_values(name, _resolve(func(**kwargs)), len(ran))
-                for i, value in zip(ran, values, strict=True):
+            calls = [len(pairs[i][1].trace) for i in ran]
+            k = len(self.funcs)
+            for name, weight, func in zip(self.names[:k], self.weights[:k], self.funcs, strict=True):
+                values, per_turn = _column_values(name, _resolve(func(**kwargs)), calls)
+                for i, value, turn_values in zip(ran, values, per_turn, strict=True):
                     columns[name][i] = value
+                    if turn_values is not None:
+                        turns[i] = _add_turns(turns[i], turn_values, weight)
             if self.has_harness_column:
                 for i in ran:
                     columns[REWARD_NAME][i] = self._harness_reward(pairs[i][1])
         flat = [combine_rewards([columns[n][i] for n in self.names], self.weights) for i in range(len(pairs))]
-        rewards, at = [], 0
+        rewards, turn_rewards, at = [], [], 0
         for group in groups:
             rewards.append(flat[at : at + len(group.outcomes)])
+            turn_rewards.append(turns[at : at + len(group.outcomes)])
             at += len(group.outcomes)
-        return rewards, columns, {name: sum(values) / len(values) for name, values in logged.items()}
+        logged_means = {name: sum(values) / len(values) for name, values in logged.items()}
+        return rewards, columns, logged_means, turn_rewards
 
     def _harness_reward(self, outcome: HarnessRolloutOutcome) -> float | None:
         reward = outcome.env_reward if self.rollout_reward_fn is None else self.rollout_reward_fn(outcome)
@@ -190,21 +210,62 @@ def _ran(outcome: HarnessRolloutOutcome) -> bool:
 
 def _check_values(name: str, values: Any, n: int) -> list[float | None]:
     """``values`` as floats or None (NaN: None); ``ValueError`` naming the function when they are not ``n`` numbers."""
+    _check_length(name, values, n)
+    return [_number(name, value) for value in values]
+
+
+def _column_values(
+    name: str, values: Any, calls: list[int]
+) -> tuple[list[float | None], list[list[float | None] | None]]:
+    """A function's result over rollouts with ``calls[i]`` model calls each: ``(column values, per-turn values)``.
+
+    A number or None is the rollout's value (per-turn None); a list of ``calls[i]`` numbers or None is per-turn,
+    and the value is their sum (all None: None). ``ValueError`` naming the function otherwise.
+    """
+    _check_length(name, values, len(calls))
+    column: list[float | None] = []
+    per_turn: list[list[float | None] | None] = []
+    for value, n_calls in zip(values, calls, strict=True):
+        if isinstance(value, (list, tuple)):
+            if len(value) != n_calls:
+                raise ValueError(
+                    f"The reward function '{name}' returned {len(value)} per-turn rewards for a rollout of "
+                    f"{n_calls} model calls; a per-turn list holds one float or None per model call"
+                )
+            turn_values = [_number(name, v) for v in value]
+            scored = [v for v in turn_values if v is not None]
+            column.append(math.fsum(scored) if scored else None)
+            per_turn.append(turn_values)
+        else:
+            column.append(_number(name, value))
+            per_turn.append(None)
+    return column, per_turn
+
+
+def _check_length(name: str, values: Any, n: int) -> None:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != n:
         shown = len(values) if isinstance(values, Sequence) else type(values).__name__
         raise ValueError(
             f"The reward function '{name}' returned {shown} rewards, but {n} were expected (one per rollout); "
             "it must return a list of float or None"
         )
-    out: list[float | None] = []
-    for value in values:
-        if value is None:
-            out.append(None)
-        elif isinstance(value, (bool, int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-            number = float(value)
-            out.append(None if math.isnan(number) else number)
-        else:
-            raise ValueError(f"The reward function '{name}' returned {value!r}; expected a float or None")
+
+
+def _number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        number = float(value)
+        return None if math.isnan(number) else number
+    raise ValueError(f"The reward function '{name}' returned {value!r}; expected a float or None")
+
+
+def _add_turns(total: TurnRewards, values: list[float | None], weight: float) -> list[float | None]:
+    """``total`` plus ``weight * values``, turn by turn, None skipped (a turn is None until a value lands)."""
+    out = list(total) if total is not None else [None] * len(values)
+    for t, value in enumerate(values):
+        if value is not None:
+            out[t] = (out[t] or 0.0) + weight * value
     return out
 
 

@@ -5,6 +5,10 @@
                trained) and the engine's behaviour logprob per position (0.0 where the mask is 0).
                Position 0 is never trainable (no logit predicts it).
     advantage  one per rollout, stamped on every row it produced (REFERENCE §3.3).
+    turn advantages
+               with per-turn rewards (harness_grpo.reward_funcs), each model call's completion adds
+               its own turn-level term on top: `turn_advantages` spans (start, end, extra) over the
+               row's positions, so a token's advantage is `advantage + extra` inside a span.
     weight     the row's per-token loss weight. The loss (harness_grpo.loss) is
 
                    L = sum_rows weight * sum_t mask_t * loss_t / normalizer,
@@ -37,15 +41,17 @@ rows kept. Rows of an unscorable rollout are never made: the caller skips it (ad
 from __future__ import annotations
 
 import math
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from proxy.capture_graph import AGENT, TrainingSequence
 
-__all__ = ["Row", "RowStats", "Weighting", "loss_normalizer", "rollout_rows"]
+__all__ = ["Row", "RowStats", "Span", "Weighting", "call_spans", "loss_normalizer", "rollout_rows"]
 
 Weighting = Literal["rollout", "token"]
+Span = tuple[int, int, float]
+"""(start, end, extra advantage) over a sequence's positions: one model call's completion."""
 
 
 @dataclass(slots=True)
@@ -67,6 +73,7 @@ class Row:
     group_id: str
     role: str = AGENT
     node_ids: tuple[str, ...] = ()
+    turn_advantages: tuple[Span, ...] = ()
     n_trainable: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,10 +89,18 @@ class Row:
             raise ValueError(f"row {self.rollout_id}: position 0 is trainable but no logit predicts it")
         if not (math.isfinite(self.advantage) and math.isfinite(self.weight) and self.weight >= 0):
             raise ValueError(f"row {self.rollout_id}: advantage {self.advantage}, weight {self.weight}")
+        for start, end, extra in self.turn_advantages:
+            if not (0 < start <= end <= n and math.isfinite(extra)):
+                raise ValueError(f"row {self.rollout_id}: turn advantage span {(start, end, extra)} of a {n}-token row")
         self.n_trainable = sum(self.loss_mask)
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def has_signal(self) -> bool:
+        """Some trained token has a nonzero advantage (else, without a KL term, the row moves no weight)."""
+        return self.advantage != 0.0 or any(extra != 0.0 for _, _, extra in self.turn_advantages)
 
 
 @dataclass(slots=True)
@@ -123,10 +138,12 @@ def rollout_rows(
     max_length: int | None = None,
     weighting: Weighting = "token",
     stats: RowStats | None = None,
+    turn_advantages: Mapping[str, Span] | None = None,
 ) -> list[Row]:
     """Rows for one scored rollout, one per kept sequence, in the sequences' order.
 
-    Every row gets `advantage`; weights follow `weighting` (module docstring). Which tokens train
+    Every row gets `advantage`, and the span of each of its nodes in `turn_advantages` (by node id, see
+    `call_spans`); weights follow `weighting` (module docstring). Which tokens train
     is the sequences' masks' business (see `harness_grpo.turn_masks`). Rows without a trainable
     token, of an excluded role, or longer than `max_length` are dropped and counted in `stats`.
     Raises ValueError on malformed sequences.
@@ -158,6 +175,9 @@ def rollout_rows(
             group_id=group_id,
             role=seq.role,
             node_ids=tuple(seq.node_ids),
+            turn_advantages=tuple(turn_advantages[n] for n in seq.node_ids if n in turn_advantages)
+            if turn_advantages
+            else (),
         )
         for seq, mask, logps in kept
     ]
@@ -172,6 +192,23 @@ def rollout_rows(
     stats.tokens += sum(len(row) for row in rows)
     stats.trainable_tokens += total
     return rows
+
+
+def call_spans(calls: Sequence[Mapping], extras: Sequence[float]) -> dict[str, Span]:
+    """Each model call's completion span with its extra advantage, by node id; calls with extra 0 are left out.
+
+    ``calls`` are capture entries (``HarnessRolloutOutcome.trace``: ``prompt_token_ids``,
+    ``completion_token_ids``, ``metadata.node_id``), one per value of ``extras``. A call's prompt is a prefix
+    of every sequence through its node, so the span holds in each of them.
+    """
+    if len(calls) != len(extras):
+        raise ValueError(f"{len(extras)} turn advantages for {len(calls)} model calls")
+    spans: dict[str, Span] = {}
+    for call, extra in zip(calls, extras, strict=True):
+        if extra != 0.0:
+            start = len(call["prompt_token_ids"])
+            spans[call["metadata"]["node_id"]] = (start, start + len(call["completion_token_ids"]), float(extra))
+    return spans
 
 
 def loss_normalizer(rows: Sequence[Row]) -> float:

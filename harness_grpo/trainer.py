@@ -53,7 +53,7 @@ from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback, TrainerControl
 from transformers.utils import logging as hf_logging
 
-from harness_grpo.advantages import group_metrics, step_advantages
+from harness_grpo.advantages import group_metrics, step_advantages, step_turn_advantages
 from harness_grpo.checkpoints import HarnessTrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from harness_grpo.completion_log import log_episodes
 from harness_grpo.config import HarnessGRPOConfig
@@ -72,13 +72,13 @@ from harness_grpo.loss import LossConfig, grpo_loss, merge_metrics, token_logpro
 from harness_grpo.model_loading import load_causal_lm
 from harness_grpo.outcomes import HarnessRolloutOutcome
 from harness_grpo.packing import pack_rows
-from harness_grpo.reward_funcs import RewardFunc, RewardFunctions
+from harness_grpo.reward_funcs import RewardFunc, RewardFunctions, TurnRewards
 from harness_grpo.rollout_context import RolloutContext
 from harness_grpo.rollout_func import RolloutFunc, rollout_func_factory
 from harness_grpo.rollout_log import ROLLOUT_LOG, append_rollouts
 from harness_grpo.rollout_metrics import outcome_metrics, reward_metrics
 from harness_grpo.rollouts import RolloutGroup, RolloutProducer
-from harness_grpo.rows import Row, RowStats, loss_normalizer, rollout_rows
+from harness_grpo.rows import Row, RowStats, call_spans, loss_normalizer, rollout_rows
 from harness_grpo.services import TrainerServices
 from harness_grpo.session_protocol import TrainerBoundSessionFactory, check_factory
 from harness_grpo.tool_loop import ToolLoopSessionFactory
@@ -438,8 +438,8 @@ class HarnessAsyncGRPOTrainer:
                 timeout_s=args.rollout_timeout_s * 2 + 60,
             )
             self.state.dropped_groups = self._dropped_before + producer.dropped_stale
-            rewards, columns, logged = self.rewards.score(groups, self.state)  # each reward function: once a step
-            rows, metrics = self._rows_and_metrics(groups, rewards)
+            rewards, columns, logged, turn_rewards = self.rewards.score(groups, self.state)  # each function: once
+            rows, metrics = self._rows_and_metrics(groups, rewards, turn_rewards)
             metrics.update(reward_metrics(columns))
             metrics.update(logged)
             if args.save_rollouts:
@@ -478,10 +478,14 @@ class HarnessAsyncGRPOTrainer:
         self.control.should_log = self.control.should_save = False
 
     def _rows_and_metrics(
-        self, groups: list[RolloutGroup], scores: list[list[float | None]]
+        self,
+        groups: list[RolloutGroup],
+        scores: list[list[float | None]],
+        turn_rewards: list[list[TurnRewards]] | None = None,
     ) -> tuple[list[Row], dict[str, float]]:
-        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards), the step's rows, the rollout metrics
-        (those of each reward column come from ``_step``)."""
+        """Rank 0: the groups' advantages (``scores[i]``: group i's rewards; ``turn_rewards[i]``: their per-turn
+        rewards, see ``harness_grpo.reward_funcs``), the step's rows, the rollout metrics (those of each reward
+        column come from ``_step``)."""
         args = self.args
         now = time.monotonic()
         rewards: list[float | None] = []
@@ -489,11 +493,17 @@ class HarnessAsyncGRPOTrainer:
         rows: list[Row] = []
         row_stats = RowStats()
         advantaged = step_advantages(scores, baseline=args.advantage_baseline, scale=args.scale_rewards)
-        for group, group_rewards, (advantages, stats) in zip(groups, scores, advantaged, strict=True):
+        turn_rewards = turn_rewards or [[None] * len(group) for group in scores]
+        turn_advantages = step_turn_advantages(
+            turn_rewards, scores, baseline=args.advantage_baseline, scale=args.scale_rewards
+        )
+        for group, group_rewards, (advantages, stats), group_turns in zip(
+            groups, scores, advantaged, turn_advantages, strict=True
+        ):
             group_stats.append((group_rewards, stats))
             rewards += group_rewards
-            for index, (outcome, reward, advantage) in enumerate(
-                zip(group.outcomes, group_rewards, advantages, strict=True)
+            for index, (outcome, reward, advantage, turns) in enumerate(
+                zip(group.outcomes, group_rewards, advantages, group_turns, strict=True)
             ):
                 if reward is None:
                     continue
@@ -507,6 +517,7 @@ class HarnessAsyncGRPOTrainer:
                     max_length=min(args.max_sequence_length, args.max_tokens_per_microbatch),
                     weighting=args.loss_weighting,
                     stats=row_stats,
+                    turn_advantages=None if turns is None else call_spans(outcome.trace, turns),
                 )
         metrics = {
             **outcome_metrics([g.outcomes for g in groups], rewards, shaped=self.rewards.shaped, reward_columns={}),
@@ -529,7 +540,7 @@ class HarnessAsyncGRPOTrainer:
         """
         args = self.args
         # Zero-advantage rows contribute nothing without a KL term; they still count in the normalizer.
-        active = [r for r in rows if r.advantage != 0.0] if args.beta == 0 else rows
+        active = [r for r in rows if r.has_signal] if args.beta == 0 else rows
         metrics: dict[str, float] = {"learning_rate": self.lr_scheduler.get_last_lr()[0]}
         if not active:  # the same rows on every rank: all skip together
             with warnings.catch_warnings():  # the schedule follows global steps, skipped ones included

@@ -78,7 +78,7 @@ def test_reward_functions_get_prompts_completions_environments_and_the_rows_colu
     groups = [
         _group({"prompt": "q", "answer_key": "b", "level": 3}, [_outcome(quizzes[0], "ab"), _outcome(quizzes[1], "b")])
     ]
-    scores, columns, logged = rewards.score(groups, trainer_state="state")
+    scores, columns, logged, _ = rewards.score(groups, trainer_state="state")
     assert scores == [[2.0, 1.0]] and columns == {"reward_func": [2.0, 1.0]}
     assert seen["prompts"] == [[{"role": "user", "content": "q"}]] * 2
     assert seen["completions"] == [[{"role": "assistant", "content": "ab"}], [{"role": "assistant", "content": "b"}]]
@@ -99,7 +99,7 @@ def test_none_is_excluded_per_function_and_weights_multiply_what_is_left() -> No
 
     rewards = RewardFunctions([correct, length], [2.0, -1.0], environments=Environments(Quiz))
     outcomes = [_outcome(Quiz(), "right"), _outcome(Quiz(), "wrong"), _outcome(Quiz(), "?")]
-    (scores,), columns, _ = rewards.score([_group({"prompt": "q"}, outcomes)])
+    (scores,), columns, _, _ = rewards.score([_group({"prompt": "q"}, outcomes)])
     assert columns == {"correct": [1.0, 0.0, 0.0], "length": [None, 0.5, None]}  # NaN reads as None
     assert scores == [2.0, -0.5, 0.0]  # 2*1 (length skipped); 2*0 - 1*0.5; 2*0 (length skipped)
     metrics = outcome_metrics([outcomes], scores, shaped=False, reward_columns=columns)
@@ -117,7 +117,7 @@ def test_a_rollout_with_no_usable_reward_is_unscorable_and_a_failed_one_reaches_
 
     rewards = RewardFunctions(only_first, environments=Environments(Quiz))
     outcomes = [_outcome(Quiz(), "a"), _outcome(Quiz(), "b"), _outcome(Quiz(), "c", error="create failed")]
-    (scores,), columns, _ = rewards.score([_group({"prompt": "q"}, outcomes)])
+    (scores,), columns, _, _ = rewards.score([_group({"prompt": "q"}, outcomes)])
     assert calls == [2] and scores == [1.0, None, None] and columns["only_first"] == [1.0, None, None]
     advantages, stats = group_advantages(scores)
     assert advantages == [0.0, 0.0, 0.0] and stats.n_scored == 1  # excluded from the baseline, not zero
@@ -136,7 +136,7 @@ def test_get_reward_is_a_column_named_after_its_class_and_none_on_other_environm
         _group({"prompt": "q", "environment": "maze"}, [_outcome(solved, ""), _outcome(lost, "")]),
         _group({"prompt": "q", "environment": "quiz"}, [_outcome(Quiz(), "")]),
     ]
-    scores, columns, _ = rewards.score(groups)
+    scores, columns, _, _ = rewards.score(groups)
     assert columns == {"quiz_reward": [None, None, 0.25], "Maze": [1.0, 0.0, None]}
     assert scores == [[1.0, 0.0], [0.25]]
 
@@ -145,7 +145,7 @@ def test_async_reward_functions_are_awaited() -> None:
     async def judge(completions: list, **kwargs: Any) -> list[float]:
         return [0.5 for _ in completions]
 
-    (scores,), _, _ = RewardFunctions(judge, environments=Environments(Quiz)).score(
+    (scores,), _, _, _ = RewardFunctions(judge, environments=Environments(Quiz)).score(
         [_group({"prompt": "q"}, [_outcome(Quiz(), "a")])]
     )
     assert scores == [0.5]
@@ -159,7 +159,7 @@ def test_with_a_session_factory_reward_functions_add_to_the_verifiers_reward() -
     unverified = HarnessRolloutOutcome(None, [], [], training_trace=EMPTY_TRACE)
     rewards = RewardFunctions([bonus])
     assert rewards.names == ["bonus", "harness_reward"] and rewards.shaped
-    (scores,), columns, _ = rewards.score([_group({"prompt": "q"}, [verified, unverified])])
+    (scores,), columns, _, _ = rewards.score([_group({"prompt": "q"}, [verified, unverified])])
     assert columns == {"bonus": [0.1, 0.1], "harness_reward": [1.0, None]}
     assert scores == [pytest.approx(1.1), pytest.approx(0.1)]
     plain = RewardFunctions()  # no reward functions: the verifier's reward alone, as before
@@ -184,3 +184,27 @@ def test_what_trl_accepts_and_this_trainer_does_not_is_refused_clearly() -> None
         RewardFunctions(short, environments=Environments(Quiz)).score(
             [_group({"prompt": "q"}, [_outcome(Quiz(), "a"), _outcome(Quiz(), "b")])]
         )
+
+
+def test_per_turn_rewards_sum_into_the_column_and_weigh_into_each_calls_credit() -> None:
+    def moves(completions: list, **kwargs: Any) -> list[Any]:
+        return [[1.0, None, 0.0], 0.5, [None, None, None]]  # per turn, a plain value, per turn with nothing scored
+
+    def judge(completions: list, **kwargs: Any) -> list[Any]:
+        return [[2.0, 2.0, None], [1.0], None]
+
+    outcomes = [_outcome(Quiz(), "a"), _outcome(Quiz(), "b"), _outcome(Quiz(), "c")]
+    for outcome, calls in zip(outcomes, (3, 1, 3), strict=True):
+        entry = {"prompt_token_ids": [1], "completion_token_ids": [2]}
+        outcome.trace = [entry] * calls  # one capture entry per model call
+    rewards = RewardFunctions([moves, judge], [0.5, 1.0], environments=Environments(Quiz))
+    (scores,), columns, _, (turns,) = rewards.score([_group({"prompt": "q"}, outcomes)])
+    assert columns["moves"] == [1.0, 0.5, None] and columns["judge"] == [4.0, 1.0, None]
+    assert scores == [4.5, 1.25, None]  # weighted nansum of the columns, as for plain values
+    assert turns == [[2.5, 2.0, 0.0], [1.0], [None, None, None]]  # 0.5 * moves + judge, turn by turn; None: unscored
+
+    def too_short(completions: list, **kwargs: Any) -> list[Any]:
+        return [[1.0], 1.0, 1.0]
+
+    with pytest.raises(ValueError, match="'too_short' returned 1 per-turn rewards for a rollout of 3 model calls"):
+        RewardFunctions(too_short, environments=Environments(Quiz)).score([_group({"prompt": "q"}, outcomes)])

@@ -107,3 +107,32 @@ def test_batch_baseline_scales_by_the_step_std_and_skips_unscorable() -> None:
     assert [a for a, _ in step_advantages([[0.5, 0.5], [0.5, None]], baseline="batch")] == [[0.0, 0.0], [0.0, 0.0]]
     with pytest.raises(ValueError, match="baseline must be one of"):
         step_advantages([[1.0, 0.0]], baseline="global")
+
+
+def test_turn_advantages_credit_each_call_against_every_scored_call_of_its_group() -> None:
+    from harness_grpo.advantages import step_turn_advantages
+
+    # Group 0: rollout 0 made two good moves and one turn that moved nothing (None), rollout 1 one bad, one good;
+    # rollout 2 has no per-turn values; rollout 3 is unscorable, so its turns count nowhere.
+    turns = [[[1.0, None, 1.0], [0.0, 1.0], None, [0.0, 0.0]], [[0.5, 0.5]]]
+    rewards = [[2.0, 1.0, 0.3, None], [1.0]]
+    (g0, g1) = step_turn_advantages(turns, rewards)
+    # pool of group 0: 1, 1, 0, 1 -> mean 0.75, population std sqrt(3)/4
+    std = math.sqrt(3) / 4
+    assert g0[0] == pytest.approx([0.25 / std, 0.0, 0.25 / std])
+    assert g0[1] == pytest.approx([-0.75 / std, 0.25 / std])
+    assert g0[2] is None and g0[3] is None
+    assert g1 == [[0.0, 0.0]]  # every scored turn alike: no turn-level signal
+    (u0, _) = step_turn_advantages(turns, rewards, scale=False)
+    assert u0[1] == pytest.approx([-0.75, 0.25])
+
+
+def test_batch_baseline_pools_the_turns_of_the_whole_step() -> None:
+    from harness_grpo.advantages import step_turn_advantages
+
+    (g0, g1) = step_turn_advantages([[[1.0]], [[0.0]]], [[1.0], [0.0]], baseline="batch", scale=False)
+    assert (g0, g1) == ([[0.5]], [[-0.5]])
+    per_group = step_turn_advantages([[[1.0]], [[0.0]]], [[1.0], [0.0]], scale=False)
+    assert per_group == [[[0.0]], [[0.0]]]
+    with pytest.raises(ValueError, match="same groups and rollouts"):
+        step_turn_advantages([[None, None]], [[1.0]])

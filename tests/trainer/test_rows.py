@@ -117,3 +117,31 @@ def test_a_turn_rule_makes_rejected_turns_context() -> None:
 def test_row_validation(ids: list[int], mask: list[int], logps: list[float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Row(ids, mask, logps, advantage=1.0, weight=1.0, policy_version=0, rollout_id="r", group_id="g")
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_each_calls_completion_trains_with_its_own_turn_advantage(layout: str) -> None:
+    from harness_grpo.packing import pack_rows
+    from harness_grpo.rows import call_spans
+
+    g = CaptureGraph()
+    g.add_call([1, 2, 3], [4, 5], [-0.1, -0.2], TOOLS, node_id="a")
+    g.add_call([1, 2, 3, 4, 5, 6], [7, 8], [-0.3, -0.4], TOOLS, REPLY_B, node_id="b")  # a tool result (6), then b
+    g.add_call([1, 2, 3, 4, 5, 6, 7, 8, 9], [10, 11], [-0.5, -0.6], TOOLS, node_id="c")
+    trace = g.to_training_trace()
+    spans = call_spans(trace.to_trace_entries(), [0.5, 0.0, -2.0])
+    assert spans == {"a": (3, 5, 0.5), "c": (9, 11, -2.0)}  # a call with no turn credit is left out
+    (row,) = _rows(sequences_from_trace(trace), advantage=1.0, turn_advantages=spans)
+    assert row.turn_advantages == ((3, 5, 0.5), (9, 11, -2.0)) and row.has_signal
+    (batch,) = pack_rows([row, *_rows(sequences_from_trace(trace), advantage=0.25)], 64, layout=layout).microbatches
+    for b, segments in enumerate(batch.segments):
+        for index, start, n in segments:
+            advantages = batch.advantages[b, start : start + n].tolist()
+            trained = [a for a, m in zip(advantages, batch.loss_mask[b, start : start + n].tolist(), strict=True) if m]
+            assert trained == ([1.5, 1.5, 1.0, 1.0, -1.0, -1.0] if index == 0 else [0.25] * 6)
+    cancelled = _rows(sequences_from_trace(trace), advantage=0.0, turn_advantages={"b": (6, 8, 0.0)})
+    assert not cancelled[0].has_signal
+    with pytest.raises(ValueError, match="3 model calls"):
+        call_spans(trace.to_trace_entries(), [1.0])
+    with pytest.raises(ValueError, match="turn advantage span"):
+        _rows(sequences_from_trace(trace), turn_advantages={"a": (3, 40, 1.0)})

@@ -328,7 +328,9 @@ class SyntheticRun(HarnessAsyncGRPOTrainer):
         self.producer = SyntheticProducer(self.state.dataset_position)
         return self.producer
 
-    def _rows_and_metrics(self, groups: list[Any], scores: list[Any]) -> tuple[list[Row], dict[str, float]]:
+    def _rows_and_metrics(
+        self, groups: list[Any], scores: list[Any], turn_rewards: Any = None
+    ) -> tuple[list[Row], dict[str, float]]:
         return _rows(groups[0].row_index), {"reward": 0.5}
 
 
