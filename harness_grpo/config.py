@@ -263,6 +263,14 @@ class HarnessGRPOConfig(TrainingArguments):
         metadata={"help": "TRL's deprecated name for vllm_importance_sampling_clip_max."},
     )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient to the initial policy; 0: no reference."})
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata={
+            "help": "TRL's name: keep in the policy loss only the trained tokens whose entropy (of the trainer's "
+            "temperature-scaled distribution) is in the top quantile of the micro-batch's; the KL term keeps every "
+            "token and the normalizer counts every token. 1.0: all; 0.2: the paper's (Beyond the 80/20 Rule)."
+        },
+    )
     scale_rewards: bool = field(
         default=True,
         metadata={
@@ -373,7 +381,6 @@ class HarnessGRPOConfig(TrainingArguments):
     sync_ref_model: bool = trl_refused("sync_ref_model")
     ref_model_mixup_alpha: float = trl_refused("ref_model_mixup_alpha")
     ref_model_sync_steps: int = trl_refused("ref_model_sync_steps")
-    top_entropy_quantile: float = trl_refused("top_entropy_quantile")
     entropy_coef: float = trl_refused("entropy_coef")
     use_adaptive_entropy: bool = trl_refused("use_adaptive_entropy")
     entropy_coef_min: float = trl_refused("entropy_coef_min")

@@ -36,6 +36,14 @@ Anchor and importance sampling (`LossConfig.importance_sampling`, REFERENCE §6.
     `old_logprobs` explicitly when one batch feeds several optimizer steps.
   Sequence-level IS is deliberately absent (a product over hundreds of tokens overflows, §6.18).
 
+High-entropy tokens only (`LossConfig.top_entropy_quantile` rho < 1, TRL's name, from "Beyond the 80/20
+Rule"): the surrogate term keeps only the trained tokens whose entropy is at or above the (1 - rho)
+quantile of the micro-batch's trained tokens (TRL takes its quantile per forward batch too); the others
+contribute no policy gradient but still count in the normalizer, and the KL term keeps them all. Where
+a policy has all but decided (a tool call's syntax after a format SFT), such tokens carry only noise,
+which an adaptive optimizer amplifies; the decisions are the high-entropy few. Metric:
+`entropy/kept_frac`.
+
 KL to a reference (beta > 0 only; `ref_logprobs` aligned like `logprobs`): the k3 estimator
 exp(ref - logp) - (ref - logp) - 1. Not importance-weighted. At beta = 0 no reference is needed.
 
@@ -63,7 +71,7 @@ from torch import nn
 
 from harness_grpo.packing import MicroBatch
 
-__all__ = ["ImportanceSampling", "LossConfig", "grpo_loss", "merge_metrics", "token_logprobs"]
+__all__ = ["ImportanceSampling", "LossConfig", "grpo_loss", "high_entropy_mask", "merge_metrics", "token_logprobs"]
 
 ImportanceSampling = Literal["token_tis", "token_mask", "off"]
 
@@ -78,6 +86,7 @@ class LossConfig:
     is_cap: float = 2.0
     beta: float = 0.0
     is_floor: float | None = None  # None: none for token_tis, 1/is_cap for token_mask
+    top_entropy_quantile: float = 1.0
 
     def __post_init__(self) -> None:
         if self.importance_sampling not in ("token_tis", "token_mask", "off"):
@@ -88,6 +97,8 @@ class LossConfig:
             raise ValueError("is_floor must be >= 0 and below is_cap")
         if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0) or self.beta < 0:
             raise ValueError("epsilon, epsilon_high and beta must be >= 0")
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1], not {self.top_entropy_quantile}")
 
 
 def _output_layer(model: nn.Module) -> nn.Module:
@@ -186,6 +197,8 @@ def grpo_loss(
         raise ValueError("normalizer must be > 0 (loss_normalizer of the step's rows)")
     if config.beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs")
+    if config.top_entropy_quantile < 1.0 and entropy is None:
+        raise ValueError("top_entropy_quantile < 1 needs the entropy token_logprobs returns")
     device = logprobs.device
     trained = batch.loss_mask.to(device) > 0
     mask = trained.float()
@@ -218,6 +231,11 @@ def grpo_loss(
     ratio = torch.exp(torch.where(trained, logprobs - anchor, zero))
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
+    kept = None
+    if config.top_entropy_quantile < 1.0:
+        assert entropy is not None
+        kept = high_entropy_mask(entropy.to(device), trained, config.top_entropy_quantile)
+        per_token = per_token * kept
     if is_weight is not None:
         per_token = per_token * is_weight
     if config.beta > 0:
@@ -250,7 +268,19 @@ def grpo_loss(
             metrics["entropy"] = mean(entropy.to(device))
         if config.beta > 0:
             metrics["kl"] = mean(k3)
+        if kept is not None:
+            metrics["entropy/kept_frac"] = mean(kept)
     return loss, metrics
+
+
+def high_entropy_mask(entropy: torch.Tensor, trained: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Float mask, 1.0 on the trained tokens whose entropy is at or above the ``1 - quantile`` quantile of the
+    trained tokens' entropies (TRL's ``get_high_entropy_mask``, over this tensor's tokens); 0.0 elsewhere."""
+    values = entropy[trained].float()
+    if values.numel() == 0:
+        return torch.zeros_like(entropy)
+    threshold = torch.quantile(values, 1.0 - quantile)
+    return ((entropy >= threshold) & trained).float()
 
 
 def merge_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:

@@ -263,6 +263,7 @@ class HarnessAsyncGRPOTrainer:
             is_cap=args.importance_sampling_cap,
             is_floor=args.vllm_importance_sampling_clip_min,
             beta=args.beta,
+            top_entropy_quantile=args.top_entropy_quantile,
         )
         self.reference = None
         if args.beta > 0:

@@ -95,7 +95,6 @@ REFUSED: dict[str, tuple[Any, str, tuple[Any, ...]]] = {
     "sync_ref_model": (False, "the reference model (beta > 0) is the initial policy, never synced", ()),
     "ref_model_mixup_alpha": (0.6, "only with sync_ref_model, which is not implemented", ()),
     "ref_model_sync_steps": (512, "only with sync_ref_model, which is not implemented", ()),
-    "top_entropy_quantile": (1.0, "every trainable token is kept in the loss", ()),
     "entropy_coef": (0.0, "no entropy bonus is added to the loss", ()),
     "use_adaptive_entropy": (False, "no entropy bonus is added to the loss", ()),
     "entropy_coef_min": (0.0, "no entropy bonus is added to the loss", ()),

@@ -124,6 +124,32 @@ def test_kl_to_reference() -> None:
     assert m["kl"] == pytest.approx(sum(k3) / 3, rel=1e-6)
 
 
+def test_top_entropy_quantile_keeps_the_policy_gradient_of_the_high_entropy_tokens_only() -> None:
+    rows = two_rows()
+    packing = pack_rows(rows, 64)
+    (batch,) = packing.microbatches
+    entropy = place(batch, [[0.0, 0.1, 2.0], [0.0, 0.0, 1.0, 0.0]])  # trained tokens: 0.1, 2.0 and 1.0
+    logp = batch.behaviour_logprobs.clone().requires_grad_(True)  # ratio 1: no clipping, d loss / d logp = -A w / N
+    config = LossConfig(top_entropy_quantile=0.5, beta=0.1)
+    loss, metrics = grpo_loss(
+        logp, batch, normalizer=packing.loss_normalizer, config=config, ref_logprobs=logp.detach(), entropy=entropy
+    )
+    loss.backward()
+    assert logp.grad is not None
+    row1, row2 = (next(b for b, segs in enumerate(batch.segments) if segs[0][0] == i) for i in (0, 1))
+    start1, start2 = batch.segments[row1][0][1], batch.segments[row2][0][1]
+    assert logp.grad[row1, start1 + 1].item() == 0.0  # entropy 0.1, below the median 1.0: dropped (ref = policy: no KL)
+    assert logp.grad[row1, start1 + 2].item() == pytest.approx(-0.25)  # entropy 2.0 kept: A 1, weight 1/2, N 2
+    assert logp.grad[row2, start2 + 2].item() == pytest.approx(0.25)  # entropy 1.0 kept: A -0.5, weight 1, N 2
+    assert metrics["entropy/kept_frac"] == pytest.approx(2 / 3)
+    all_kept, _ = grpo_loss(logp, batch, normalizer=packing.loss_normalizer, config=LossConfig(), entropy=entropy)
+    assert loss.item() == pytest.approx(all_kept.item() + 0.25)  # the dropped token's term, -1 * 1/2 / 2
+    with pytest.raises(ValueError, match="top_entropy_quantile must be in"):
+        LossConfig(top_entropy_quantile=1.5)
+    with pytest.raises(ValueError, match="needs the entropy"):
+        grpo_loss(logp, batch, normalizer=2.0, config=LossConfig(top_entropy_quantile=0.2))
+
+
 def test_masked_positions_never_produce_nan() -> None:
     (batch,) = pack_rows(two_rows(), 64).microbatches
     logp = place(batch, [[500.0, -1.0, -2.0], [0.0, 800.0, -0.5, -900.0]]).requires_grad_(True)

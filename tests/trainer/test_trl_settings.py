@@ -240,8 +240,14 @@ def test_the_trainer_builds_its_loss_and_engine_from_the_resolved_settings(tmp_p
     from harness_grpo.trainer import HarnessAsyncGRPOTrainer
 
     args = HarnessGRPOConfig(
-        output_dir=str(tmp_path), report_to=[], num_generations=2, vllm_importance_sampling_mode="token_mask"
+        output_dir=str(tmp_path),
+        report_to=[],
+        num_generations=2,
+        vllm_importance_sampling_mode="token_mask",
+        top_entropy_quantile=0.2,
     )
     trainer = HarnessAsyncGRPOTrainer("tiny", SubmitTaskSessionFactory, args, submit_task.dataset())
-    assert trainer.loss_config == LossConfig(importance_sampling="token_mask", is_cap=3.0, is_floor=0.0)
+    assert trainer.loss_config == LossConfig(
+        importance_sampling="token_mask", is_cap=3.0, is_floor=0.0, top_entropy_quantile=0.2
+    )
     assert trainer.args.vllm_server_base_url is None  # the embedded engine
