@@ -27,9 +27,11 @@ Each rollout is one game through ``CatchToolEnv`` (tools ``move(direction)`` and
 per row the ball falls, nine in a game). Two reward terms:
 
 - ``reward_catch``: the game's, +1 caught, -1 missed (a game the model stopped playing counts as missed);
-- ``reward_moves``: shaping, the share of the game's nine moves that brought the paddle closer to the ball's
-  column or kept it under the ball, so every game says which moves helped, not only whether the last one
-  did (a game the model stops early forfeits the moves it did not make).
+- ``reward_moves``: shaping, per move: each model turn whose move brought the paddle closer to the ball's
+  column or kept it under the ball earns 1/9 (a per-turn reward: the function returns one value per model
+  turn, and the trainer credits each move with its own), so every game says which moves helped, not only
+  whether the last one did; over a game it sums to the share of the nine moves that helped (a game the
+  model stops early forfeits the moves it did not make).
 
 With the tiny model (``--model tiny``) ``reward_catch`` weighs 0.25 beside ``reward_moves`` (``reward_weights``):
 at equal weights the ±1 of each game drowns the per-move signal a small model learns from first
@@ -40,7 +42,6 @@ flags; every ``HarnessGRPOConfig`` field is one too.
 
 from __future__ import annotations
 
-import itertools
 import re
 import sys
 from pathlib import Path
@@ -68,16 +69,30 @@ def dataset(size: int) -> list[dict[str, Any]]:
 
 def reward_moves(
     prompts: list[list[dict[str, Any]]], completions: list[list[dict[str, Any]]], **kwargs: Any
-) -> list[float]:
-    """Shaping: the share of the game's ``ROWS - 1`` moves that brought the paddle closer to the ball's column or
-    kept it under the ball, read off the boards the model saw (the opening one, then each move's). Moves not
-    made count as unhelpful: a share of the moves made would pay a game stopped after one good move 1.0."""
+) -> list[list[float | None]]:
+    """Shaping, move by move (per-turn rewards): for each model turn, ``1 / (ROWS - 1)`` when its move brought the
+    paddle closer to the ball's column or kept it under the ball, 0.0 when it did not, None for a turn that moved
+    nothing (no call, a refused call, the game already over). Read off the boards the model saw: the opening one,
+    then each move's. Summed over a game it is the share of the game's nine moves that helped; moves not made count
+    as unhelpful, so a game stopped after one good move scores 1/9, not 1. The trainer credits each move with its
+    own value on top of the game's advantage."""
     rewards = []
     for prompt, completion in zip(prompts, completions, strict=True):
-        texts = [prompt[-1]["content"]] + [m["content"] or "" for m in completion if m["role"] == "tool"]
-        distances = [abs(int(b["ball"]) - int(b["paddle"])) for b in map(BOARD.search, texts) if b]
-        moves = list(itertools.pairwise(distances))
-        rewards.append(sum(after < before or after == 0 for before, after in moves) / (ROWS - 1))
+        board = BOARD.search(prompt[-1]["content"])
+        turns: list[float | None] = []
+        for message in completion:
+            if message["role"] == "assistant":
+                turns.append(None)
+                continue
+            after = BOARD.search(message["content"] or "")
+            if message["role"] != "tool" or after is None or board is None:
+                continue
+            before_distance = abs(int(board["ball"]) - int(board["paddle"]))
+            after_distance = abs(int(after["ball"]) - int(after["paddle"]))
+            helped = after_distance < before_distance or after_distance == 0
+            turns[-1] = (turns[-1] or 0.0) + helped / (ROWS - 1)  # parallel calls: each move counts
+            board = after
+        rewards.append(turns)
     return rewards
 
 

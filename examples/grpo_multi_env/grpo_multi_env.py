@@ -56,15 +56,15 @@ def dataset(size: int) -> list[dict[str, Any]]:
     ]
 
 
-def only(name: str, reward_func: Callable[..., list[float]]) -> Callable[..., list[float | None]]:
+def only(name: str, reward_func: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
     """``reward_func`` on the rows of environment ``name`` (every per-row argument cut to those rows); None on
-    the others."""
+    the others. Per-turn values (a list for a row) pass through as they are."""
 
-    def reward(environment: list[str], **kwargs: Any) -> list[float | None]:
+    def reward(environment: list[str], **kwargs: Any) -> list[Any]:
         mine = [index for index, row_environment in enumerate(environment) if row_environment == name]
         rows = len(environment)
         cut = {k: [v[i] for i in mine] if isinstance(v, list) and len(v) == rows else v for k, v in kwargs.items()}
-        scores: list[float | None] = [None] * rows
+        scores: list[Any] = [None] * rows
         for index, score in zip(mine, reward_func(**cut) if mine else [], strict=True):
             scores[index] = score
         return scores

@@ -211,3 +211,42 @@ def test_routing_observations_template_kwargs_and_the_budget_on_the_engines_own_
         assert "max_completion_length" in stops, stops  # read_file's result does not fit in what is left
     finally:
         trainer._stop_services()
+
+
+class RowsSeen(HarnessAsyncGRPOTrainer):
+    """The trainer, keeping the rows of each optimizer step."""
+
+    def _optimize(self, rows: list[Any]) -> dict[str, float]:
+        self.rows_seen = [*getattr(self, "rows_seen", []), *rows]
+        return super()._optimize(rows)
+
+
+def first_call_helps(completions: list[Any], **kwargs: Any) -> list[list[float]]:
+    """Per turn: 1.0 for a rollout's first model call, 0.0 for each later one."""
+    return [[1.0] + [0.0] * (sum(m["role"] == "assistant" for m in c) - 1) for c in completions]
+
+
+@pytest.mark.timeout(600)
+def test_per_turn_rewards_give_each_model_calls_tokens_their_own_advantage(tmp_path: Path) -> None:
+    dataset = [{"prompt": _prompt(f"Echo '{word}' twice, one call at a time.")} for word in ("hello", "banana")]
+    trainer = RowsSeen(
+        "tiny-warm",
+        args=_args(tmp_path, max_steps=1, num_generations=4, save_rollouts=True),
+        train_dataset=dataset,
+        reward_funcs=[first_call_helps],
+        environment_factory=EchoToolEnv,
+    )
+    trainer.train()
+    rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    calls = [len(r["trace"]["turns"]) for r in rollouts]
+    assert [r["reward"] for r in rollouts] == [1.0] * 4  # the column is the list's sum: every rollout alike
+    if max(calls) == 1:
+        pytest.skip("the tiny model stopped after one call in every rollout: no later call to credit")
+    assert trainer.rows_seen, "a group of equal rewards still trains: its calls are credited turn by turn"
+    for row in trainer.rows_seen:
+        assert row.advantage == 0.0 and row.turn_advantages  # no game-level signal; all of it per call
+        trained = {t for t, m in enumerate(row.loss_mask) if m}
+        covered = {t for start, end, _ in row.turn_advantages for t in range(start, end)}
+        assert trained <= covered  # every trained token lies in the span of the call that sampled it
+        first, *later = sorted(row.turn_advantages)
+        assert first[2] > 0 and all(extra < 0 for _, _, extra in later)  # the first call above the group's calls
