@@ -3,7 +3,7 @@
     python examples/grpo_catch/grpo_catch.py --output_dir runs/catch --save_rollouts true
     python -m bench.catch_moves runs/catch/rollouts.jsonl --window 5
     python -m bench.catch_moves --model ~/.cache/harness_grpo/tool-sft-...   # a checkpoint, before any game
-    python -m bench.catch_moves --sft-board-moves [--steps 300]             # can the tiny model read the board?
+    python -m bench.catch_moves --sft-board-moves [--steps 300 --lr 3e-3]    # can the tiny model read the board?
 
 With a ``rollouts.jsonl`` (a ``grpo_catch`` run with ``save_rollouts``) it prints, per window of steps, the
 games caught and, for each relation the last board stated (the ball to the LEFT of the paddle, to its RIGHT,
@@ -96,7 +96,7 @@ def board_move(messages: list[dict[str, Any]], rng: Any) -> dict[str, Any]:
     return {"name": "move", "arguments": {"direction": side.lower()}} if side else {"name": "stay", "arguments": {}}
 
 
-def board_move_model(steps: int) -> str:
+def board_move_model(steps: int, lr: float) -> str:
     """The warm tiny model after ``grpo_catch``'s format SFT with ``board_move`` for its moves (cached)."""
     from examples.grpo_catch.grpo_catch import RECIPE
     from examples.recipe import RecipeArguments, environment_servers
@@ -114,7 +114,7 @@ def board_move_model(steps: int) -> str:
             seed=HarnessGRPOConfig.__dataclass_fields__["seed"].default,
             policy=board_move,
         )
-    return str(tool_format_model(warm_tiny_model_path(), chats, {**TOOL_SFT_RECIPE, "steps": steps}))
+    return str(tool_format_model(warm_tiny_model_path(), chats, {**TOOL_SFT_RECIPE, "steps": steps, "lr": lr}))
 
 
 def main() -> None:
@@ -124,9 +124,10 @@ def main() -> None:
     parser.add_argument("--model", help="A checkpoint to read the first move's odds from, instead of a run.")
     parser.add_argument("--sft-board-moves", action="store_true", help="the capacity probe (module docstring)")
     parser.add_argument("--steps", type=int, default=300, help="SFT steps of --sft-board-moves")
+    parser.add_argument("--lr", type=float, default=3e-3, help="SFT learning rate of --sft-board-moves")
     args = parser.parse_args()
     if args.sft_board_moves:
-        args.model = board_move_model(args.steps)
+        args.model = board_move_model(args.steps, args.lr)
         print(f"SFT on board-following moves: {args.model}")
     if args.model:
         first_move_odds(args.model)
