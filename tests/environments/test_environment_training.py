@@ -221,9 +221,9 @@ class RowsSeen(HarnessAsyncGRPOTrainer):
         return super()._optimize(rows)
 
 
-def first_call_helps(completions: list[Any], **kwargs: Any) -> list[list[float]]:
-    """Per turn: 1.0 for a rollout's first model call, 0.0 for each later one."""
-    return [[1.0] + [0.0] * (sum(m["role"] == "assistant" for m in c) - 1) for c in completions]
+def reply_length(completions: list[Any], **kwargs: Any) -> list[list[float]]:
+    """Per turn: the length of the model's reply (its text and its calls), so calls differ within and across games."""
+    return [[float(len(json.dumps(m))) for m in c if m["role"] == "assistant"] for c in completions]
 
 
 @pytest.mark.timeout(600)
@@ -231,22 +231,20 @@ def test_per_turn_rewards_give_each_model_calls_tokens_their_own_advantage(tmp_p
     dataset = [{"prompt": _prompt(f"Echo '{word}' twice, one call at a time.")} for word in ("hello", "banana")]
     trainer = RowsSeen(
         "tiny-warm",
-        args=_args(tmp_path, max_steps=1, num_generations=4, save_rollouts=True),
+        args=_args(tmp_path, max_steps=1, num_generations=4, scale_rewards=False),
         train_dataset=dataset,
-        reward_funcs=[first_call_helps],
+        reward_funcs=[reply_length],
         environment_factory=EchoToolEnv,
     )
     trainer.train()
-    rollouts = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
-    calls = [len(r["trace"]["turns"]) for r in rollouts]
-    assert [r["reward"] for r in rollouts] == [1.0] * 4  # the column is the list's sum: every rollout alike
-    if max(calls) == 1:
-        pytest.skip("the tiny model stopped after one call in every rollout: no later call to credit")
-    assert trainer.rows_seen, "a group of equal rewards still trains: its calls are credited turn by turn"
+    assert trainer.rows_seen
+    extras = []
     for row in trainer.rows_seen:
-        assert row.advantage == 0.0 and row.turn_advantages  # no game-level signal; all of it per call
         trained = {t for t, m in enumerate(row.loss_mask) if m}
         covered = {t for start, end, _ in row.turn_advantages for t in range(start, end)}
-        assert trained <= covered  # every trained token lies in the span of the call that sampled it
-        first, *later = sorted(row.turn_advantages)
-        assert first[2] > 0 and all(extra < 0 for _, _, extra in later)  # the first call above the group's calls
+        assert trained and covered <= set(range(len(row)))
+        for start, end, extra in row.turn_advantages:  # a span is one call's completion: trained tokens only
+            assert any(t in trained for t in range(start, end))
+            extras.append(extra)
+    # unscaled: r_t - mean over the group's calls, so the extras of a group sum to 0 and both signs occur
+    assert extras and min(extras) < 0 < max(extras)
