@@ -156,19 +156,11 @@ def step_turn_advantages(
     ]
     pools = [values] if baseline == "batch" else [[group] for group in values]
     out: list[list[list[float] | None]] = []
-    for pool in pools:
-        scored = [v for group in pool for turns in group if turns is not None for v in turns if v is not None]
-        varied = bool(scored) and min(scored) != max(scored)
-        mean = math.fsum(scored) / len(scored) if varied else 0.0
-        std = math.sqrt(math.fsum((v - mean) ** 2 for v in scored) / len(scored)) if varied else 0.0
-        denom = std + eps if scale else 1.0
+    for pool in pools:  # the pool's turns as one group: group_advantages' baseline, None and zero-std rules
+        flat = [v for group in pool for turns in group if turns is not None for v in turns]
+        advantages = iter(group_advantages(flat, scale=scale, eps=eps)[0])
         for group in pool:
-            out.append(
-                [
-                    None if turns is None else [0.0 if v is None or not varied else (v - mean) / denom for v in turns]
-                    for turns in group
-                ]
-            )
+            out.append([None if turns is None else [next(advantages) for _ in turns] for turns in group])
     return out
 
 
