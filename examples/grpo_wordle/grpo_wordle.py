@@ -24,12 +24,15 @@
         --vllm_server_base_url http://127.0.0.1:8000
 
 Each rollout is one game through ``WordleToolEnv`` (one tool, ``guess(word)``, at most six guesses).
-The reward has three terms, as TRL's Wordle example scores a game:
+The reward has three terms, as TRL's Wordle example scores a game; the last two score each model turn
+on its own (per-turn rewards: a list per game, one value per model call, summed for the game's value):
 
 - ``reward_win``: 1.0 for a win plus a bonus of 0.1 per guess left unused, else 0.0;
-- ``reward_letters``: partial credit from the last accepted guess's feedback, greens plus half the
-  yellows, over five letters;
-- ``reward_mistakes``: -0.2 for each repeated or invalid guess (wrong length, not a word, already made).
+- ``reward_letters``: partial credit for greens plus half the yellows, over five letters, of the game's
+  best guess; each turn gets what its guess added to the best so far;
+- ``reward_mistakes``: -0.2 on the turn of each repeated or invalid guess (wrong length, not a word,
+  already made), and on the turn that stopped a game before it was over, -0.2 per guess left: a game
+  given up is no better than one played badly (without it a small model learns to make no guess at all).
 
 A row's ``seed`` picks the secret, so a GRPO group plays one game. ``examples/recipe.py`` has the flags;
 every ``HarnessGRPOConfig`` field is one too.
@@ -38,6 +41,7 @@ every ``HarnessGRPOConfig`` field is one too.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,23 +60,33 @@ SYSTEM_PROMPT = (
 )
 
 
+@dataclass
+class Guess:
+    """One guess as the game took it: the word, the feedback the model read, its letter credit (greens plus
+    half the yellows, over five letters) and whether it was a mistake (repeated or invalid)."""
+
+    word: str
+    feedback: str
+    letters: float
+    mistake: bool
+
+
 class WordleGame(WordleToolEnv):
-    """``WordleToolEnv`` that also counts what the reward terms read: guesses made, repeated and invalid."""
+    """``WordleToolEnv`` that also keeps each guess as the reward terms read it (``Guess``), in order."""
 
     def reset(self, **kwargs: Any) -> str:
-        self.guesses: list[str] = []
-        self.mistakes = 0
-        self.letters = 0.0
+        self.guesses: list[Guess] = []
         return super().reset(**kwargs)
 
     def guess(self, word: str) -> str:
-        repeated = word.strip().lower() in self.guesses
-        self.guesses.append(word.strip().lower())
+        normalized = word.strip().lower()
+        repeated = any(earlier.word == normalized for earlier in self.guesses)
         feedback = super().guess(word)
-        if repeated or INVALID in feedback:
-            self.mistakes += 1
-        elif self.reward_signals:
-            self.letters = self.reward_signals["wordle.greens"] + 0.5 * self.reward_signals["wordle.yellows"]
+        mistake = repeated or INVALID in feedback
+        letters = 0.0
+        if not mistake and self.reward_signals:
+            letters = self.reward_signals["wordle.greens"] + 0.5 * self.reward_signals["wordle.yellows"]
+        self.guesses.append(Guess(normalized, feedback, letters, mistake))
         return feedback
 
 
@@ -87,14 +101,55 @@ def reward_win(environments: list[WordleGame], **kwargs: Any) -> list[float]:
     return [1.0 + 0.1 * (GUESSES - len(env.guesses)) if env.reward == 1.0 else 0.0 for env in environments]
 
 
-def reward_letters(environments: list[WordleGame], **kwargs: Any) -> list[float]:
-    """Greens plus half the yellows of the last accepted guess, over five letters."""
-    return [env.letters for env in environments]
+def _turns(completion: list[dict[str, Any]], game: WordleGame) -> list[list[Guess]]:
+    """The game's guesses by the model turn that made them (a turn's parallel calls included), read off the
+    tool replies in the completion: a reply that is no guess's feedback (a refused call) is none."""
+    turns: list[list[Guess]] = []
+    pending = iter(game.guesses)
+    following = next(pending, None)
+    for message in completion:
+        if message["role"] == "assistant":
+            turns.append([])
+        elif message["role"] == "tool" and turns and following is not None and message["content"] == following.feedback:
+            turns[-1].append(following)
+            following = next(pending, None)
+    return turns
 
 
-def reward_mistakes(environments: list[WordleGame], **kwargs: Any) -> list[float]:
-    """-0.2 per repeated or invalid guess."""
-    return [-0.2 * env.mistakes for env in environments]
+def reward_letters(
+    completions: list[list[dict[str, Any]]], environments: list[WordleGame], **kwargs: Any
+) -> list[list[float | None]]:
+    """Per turn, what its guesses added to the game's best letter credit so far (None for a turn without a
+    guess); summed over the game, the best guess's greens plus half its yellows, over five letters."""
+    rewards = []
+    for completion, game in zip(completions, environments, strict=True):
+        best, scores = 0.0, []
+        for guesses in _turns(completion, game):
+            if not guesses:
+                scores.append(None)
+                continue
+            gained = max(best, *(g.letters for g in guesses)) - best
+            best += gained
+            scores.append(gained)
+        rewards.append(scores)
+    return rewards
+
+
+def reward_mistakes(
+    completions: list[list[dict[str, Any]]], environments: list[WordleGame], **kwargs: Any
+) -> list[list[float | None]]:
+    """Per turn, -0.2 per repeated or invalid guess it made; the turn that stopped a game before it was over
+    also gets -0.2 per guess left. None for a turn with neither."""
+    rewards = []
+    for completion, game in zip(completions, environments, strict=True):
+        scores: list[float | None] = [
+            -0.2 * sum(g.mistake for g in guesses) if guesses else None for guesses in _turns(completion, game)
+        ]
+        left = GUESSES - len(game.guesses)
+        if scores and not game.done and left > 0:
+            scores[-1] = (scores[-1] or 0.0) - 0.2 * left
+        rewards.append(scores)
+    return rewards
 
 
 RECIPE = Recipe(
@@ -105,7 +160,7 @@ RECIPE = Recipe(
     moves={"guess": lambda rng: {"word": rng.choice(ANSWERS)}},
     sft_turns=GUESSES,
     settings={"max_completion_length": 4096, "max_tool_calling_iterations": GUESSES, "max_steps": 30},
-    tiny={"learning_rate": 3e-4, "max_staleness": 1},
+    tiny={"learning_rate": 3e-4, "max_staleness": 1, "max_steps": 60},
 )
 
 if __name__ == "__main__":
