@@ -1,14 +1,14 @@
 """Does GRPO learn on CPU through the built-in tool loop? Recipes run as users run them, one process per seed.
 
     python -m bench.env_learning                              # grpo_echo and grpo_catch, seeds 0 1 2
+    python -m bench.env_learning --recipes wordle --window 10        # grpo_wordle's 60 steps, seeds 0 1 2
     python -m bench.env_learning --recipes catch --seeds 0 --max-steps 20
 
 Each run is ``examples/grpo_<name>/grpo_<name>.py`` with its CPU defaults (the tiny model after the
 format SFT, the offline env server, the real trainer, proxy and engine) in a process of its own; the
 figures are read from the run's ``log_history.json``. Printed per run: the mean over the first and the last
 ``--window`` steps of the reward, of each reward function and of the tool-call and tool-failure frequencies,
-and the wall time (format SFT included; it is cached after the first seed builds it, so later seeds show
-training alone).
+and the wall time (the seed's format SFT included where it was not yet cached).
 """
 
 from __future__ import annotations
