@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -19,10 +20,14 @@ from harbor.models.task.task import Task
 from harness_grpo.agents import SMALL_MODEL_PROMPT
 from harness_grpo.tiny_model.shell_sft import (
     CHORES,
+    CLOSING,
+    DATES,
     MINI_BASH_TOOL,
     SUBMIT_COMMAND,
+    agent_request,
     chore_chats,
     chore_of,
+    claude_fingerprint,
     command_of,
     names_in,
     repertoire,
@@ -88,6 +93,36 @@ def test_chats_call_a_uniformly_drawn_command_then_submit() -> None:
     assert chore_chats(instructions, 5, seed=3) == chats[:5]
     with pytest.raises(ValueError):
         chore_chats([], 1, seed=0)
+
+
+@pytest.mark.parametrize("agent", ["opencode", "codex", "claude-code"])
+def test_chats_of_a_captured_cli_are_its_request_a_shell_call_and_an_answer(agent: str) -> None:
+    request = agent_request(agent)
+    instructions = [_instruction(task) for task in sorted(CHORE_OF_TASK)]
+    chats = chore_chats(instructions, 300, seed=3, agent=agent)
+    drawn = []
+    for chat in chats:
+        width = len(request.messages)
+        prompt, (call, result, answer) = chat["messages"][:width], chat["messages"][width:]
+        instruction = next(i for i in instructions if any(prompt == request.prompt(i, day) for day in DATES))
+        assert chat["tools"] == request.tools
+        function = call["tool_calls"][0]["function"]
+        assert function["name"] == request.shell_tool
+        command = command_of(function["arguments"], request.command_argument)
+        assert command in repertoire(instruction).values()
+        assert result["role"] == "tool" and re.fullmatch(request.result_pattern(), result["content"])
+        assert answer == {"role": "assistant", "content": CLOSING}
+        drawn.append(chore_of(instruction, command) == CHORE_OF_TASK[_task_of(instruction)])
+    assert 0.08 < sum(drawn) / len(drawn) < 0.22
+    assert chore_chats(instructions, 5, seed=3, agent=agent) == chats[:5]
+    with pytest.raises(ValueError, match="no captured request"):
+        chore_chats(instructions, 1, seed=0, agent="aider")
+
+
+def test_claude_code_fingerprint_is_its_own() -> None:
+    """The digits a real claude-code 2.1.328 run sent for two example tasks (``cc_version=2.1.328.<digits>``)."""
+    assert claude_fingerprint(_instruction("create-hello-file"), "2.1.328") == "ec3"
+    assert claude_fingerprint(_instruction("sort-lines"), "2.1.328") == "3da"
 
 
 def _task_of(instruction: str) -> str:
