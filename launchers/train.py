@@ -52,13 +52,14 @@ Each rollout of a Harbor harness is one Harbor trial (``harness_grpo.harbor_sess
 ``--sandbox`` (default ``local``: isolated on this machine, no Docker; or docker, e2b, modal, daytona
 with ``--proxy_url``), scored by the task's verifier; ``--difficulty easy`` keeps the tasks whose ``task.toml``
 says so. With the tiny model the CLI is configured as for any small model (``SMALL_MODEL_PROMPT``: a short system
-prompt, its shell tool only). mini-swe-agent's tiny policy is the warm model after the shell-chore SFT on the
-dataset's instructions (``harness_grpo.tiny_model.shell_sft``: mini's own call format and a repertoire of
-commands drawn uniformly, so on the easy tasks about one rollout in eight is rewarded from the first step and
-GRPO has to learn which command each task asks for; ``SHELL_CHORE_DEFAULTS``; the README has what it learns)::
+prompt, its shell tool only). For mini-swe-agent, opencode and codex the tiny policy is the warm
+model after the shell-chore SFT on the dataset's instructions (``harness_grpo.tiny_model.shell_sft``: the CLI's
+own request and shell tool, and a repertoire of commands drawn uniformly, so on the easy tasks about one rollout
+in seven is rewarded from the first step and GRPO has to learn which command each task asks for;
+``SHELL_CHORE_DEFAULTS``; the README has what it learns)::
 
     .venv/bin/python launchers/train.py --harness mini-swe-agent --difficulty easy   # a real CLI, rewarded from step 1
-    .venv/bin/python launchers/train.py --harness opencode --max_steps 10
+    .venv/bin/python launchers/train.py --harness opencode --difficulty easy --max_steps 10
     .venv/bin/python launchers/train.py --config run.yaml   # any flags above as YAML keys
 
 Before anything loads, a missing prerequisite (the agent CLI, the sandbox's tools or credentials, a
@@ -105,7 +106,7 @@ from harness_grpo.config import HarnessGRPOConfig  # noqa: E402
 from harness_grpo.harbor_sessions import HarborTrialSessionFactory, missing_prerequisites  # noqa: E402
 from harness_grpo.harbor_tasks import TaskDatasetError, load_task_dataset  # noqa: E402
 from harness_grpo.services import ServicesError  # noqa: E402
-from harness_grpo.tiny_model.shell_sft import shell_chore_model  # noqa: E402
+from harness_grpo.tiny_model.shell_sft import SHELL_CHORE_AGENTS, shell_chore_model  # noqa: E402
 from harness_grpo.trainer import HarnessAsyncGRPOTrainer  # noqa: E402
 
 HARNESSES = ("tool-agent", *AGENTS, "terminus-2")
@@ -154,8 +155,9 @@ SHELL_CHORE_DEFAULTS = {
     "advantage_baseline": "batch",
     "max_steps": 30,
 }
-"""Overrides of ``CLI_DEFAULTS`` for mini-swe-agent on the tiny model after the shell-chore SFT (no ``--model``, no
-``--vllm_server_base_url``): one command and the submit, sampled as the SFT left them, 32 trials a step; the KL term
+"""Overrides of ``CLI_DEFAULTS`` for a CLI on the tiny model after the shell-chore SFT (no ``--model``, no
+``--vllm_server_base_url``): two model calls (the command, then the submit or the answer; opencode's title call
+takes the second), sampled as the SFT left them, 32 trials a step; the KL term
 keeps the names the SFT copies, the batch baseline trains the tasks a step fails every time (``bench/cli_learning.py``,
 README)."""
 
@@ -195,8 +197,8 @@ class LaunchArgs:
         default=None,
         metadata={
             "help": "Hub id or path of the policy; default: tool-agent: the tiny model after the task SFT; "
-            "mini-swe-agent: the tiny model after the shell-chore SFT on the dataset's instructions; other Harbor "
-            "harnesses: the warm-started tiny model (both with SMALL_MODEL_PROMPT)."
+            "mini-swe-agent, opencode, codex: the tiny model after the shell-chore SFT on the dataset's "
+            "instructions; other Harbor harnesses: the warm-started tiny model (both with SMALL_MODEL_PROMPT)."
         },
     )
     env_url: str | None = field(
@@ -304,18 +306,19 @@ def service_factory(launch: LaunchArgs, args: HarnessGRPOConfig) -> functools.pa
 
 
 def trains_shell_chore_model(harness: str, model: str | None, vllm_server_base_url: str | None) -> bool:
-    """mini-swe-agent with no ``--model`` on the embedded engine: it trains the shell-chore SFT model, with
-    ``SHELL_CHORE_DEFAULTS``."""
-    return harness == "mini-swe-agent" and model is None and vllm_server_base_url is None
+    """A CLI the shell-chore SFT knows, with no ``--model``, on the embedded engine: it trains the shell-chore SFT
+    model, with ``SHELL_CHORE_DEFAULTS``."""
+    return harness in SHELL_CHORE_AGENTS and model is None and vllm_server_base_url is None
 
 
 def default_cli_model(harness: str, dataset: Dataset, args: HarnessGRPOConfig) -> str:
-    """The tiny policy a Harbor harness trains without ``--model``: on the embedded engine, for mini-swe-agent the
-    warm model after the shell-chore SFT on the dataset's instructions (``harness_grpo.tiny_model.shell_sft``: its
-    call format and a repertoire of commands, so the easy tasks give reward from the first step); else the warm
-    model, which an engine of its own (``--vllm_server_base_url``) must serve."""
+    """The tiny policy a Harbor harness trains without ``--model``: on the embedded engine, for the CLIs of
+    ``SHELL_CHORE_AGENTS`` the warm model after that CLI's shell-chore SFT on the dataset's instructions
+    (``harness_grpo.tiny_model.shell_sft``: its request and shell tool and a repertoire of commands, so the easy
+    tasks give reward from the first step); else the warm model, which an engine of its own
+    (``--vllm_server_base_url``) must serve."""
     if trains_shell_chore_model(harness, None, args.vllm_server_base_url):
-        return str(shell_chore_model([row["prompt"][0]["content"] for row in dataset]))
+        return str(shell_chore_model([row["prompt"][0]["content"] for row in dataset], harness))
     return "tiny-warm"
 
 

@@ -150,21 +150,28 @@ def test_config_file_sets_any_setting_and_flags_override_it(tmp_path: Path) -> N
     assert launch.harness == "opencode"
     assert args.learning_rate == 0.01  # from the file
     assert args.num_generations == 2  # the flag wins over the file
-    assert args.temperature == launcher.CLI_DEFAULTS["temperature"]  # the file's harness picked its defaults
+    assert args.temperature == launcher.SHELL_CHORE_DEFAULTS["temperature"]  # the file's harness picked its defaults
+    assert args.rollout_timeout_s == launcher.CLI_DEFAULTS["rollout_timeout_s"]
     assert args.output_dir.endswith("train-opencode")
 
 
-def test_mini_swe_agent_on_the_embedded_engine_trains_the_shell_chore_model_by_default(
+def test_the_clis_on_the_embedded_engine_train_their_shell_chore_model_by_default(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     launcher = _launcher_module()
     built = []
-    monkeypatch.setattr(launcher, "shell_chore_model", lambda instructions: built.append(instructions) or "sft")
+    monkeypatch.setattr(
+        launcher, "shell_chore_model", lambda instructions, agent: built.append((agent, instructions)) or f"sft-{agent}"
+    )
     rows = [{"prompt": [{"role": "user", "content": "Make `a`."}]}, {"prompt": [{"role": "user", "content": "B."}]}]
-    _, args = launcher.parse(["--harness", "mini-swe-agent", "--difficulty", "easy"])
-    assert launcher.default_cli_model("mini-swe-agent", rows, args) == "sft"
-    assert built == [["Make `a`.", "B."]]
-    assert launcher.default_cli_model("opencode", rows, args) == "tiny-warm"
+    for agent in ("mini-swe-agent", "opencode", "codex"):
+        _, args = launcher.parse(["--harness", agent, "--difficulty", "easy"])
+        assert args.max_model_calls == launcher.SHELL_CHORE_DEFAULTS["max_model_calls"]
+        assert launcher.default_cli_model(agent, rows, args) == f"sft-{agent}"
+        assert built.pop() == (agent, ["Make `a`.", "B."])
+    for agent in ("claude-code", "terminus-2"):
+        _, args = launcher.parse(["--harness", agent])
+        assert launcher.default_cli_model(agent, rows, args) == "tiny-warm"
     _, remote = launcher.parse(["--harness", "mini-swe-agent", "--vllm_server_base_url", "http://127.0.0.1:1"])
     assert launcher.default_cli_model("mini-swe-agent", rows, remote) == "tiny-warm"  # what such an engine serves
     with pytest.raises(SystemExit):

@@ -99,7 +99,7 @@ def test_the_defaults_the_launcher_and_the_tests_configs_construct(tmp_path: Pat
     HarnessGRPOConfig(output_dir=str(tmp_path))
     _, args = train.parse(["--output_dir", str(tmp_path)])
     assert args.save_total_limit == 2 and args.report_to == [] and args.lr_scheduler_type == "constant"
-    _, args = train.parse(["--output_dir", str(tmp_path), "--harness", "opencode"])
+    _, args = train.parse(["--output_dir", str(tmp_path), "--harness", "terminus-2"])
     assert args.num_generations == 4
     _, args = train.parse(["--output_dir", str(tmp_path), "--report_to", "tensorboard", "--save_strategy", "no"])
     assert args.report_to == ["tensorboard"]
