@@ -8,9 +8,11 @@ installation at their host paths) and fails with a clear error otherwise. ``run`
 key, the served model name, an optional system prompt and step limit), writes the files into the
 environment, and runs the CLI there with ``environment.exec`` in the task's working directory, with an
 environment built from scratch (``hermetic_env``: HOME and the XDG dirs under ``home``). A non-zero exit is
-Harbor's ``NonZeroAgentExitCodeError``; Harbor's agent timeout cancels ``run``, and the environment kills the
-process. Its kwargs (``AgentConfig.kwargs``): ``agent`` (the registry name), ``proxy_url`` (the proxy's root
-as the environment reaches it), ``system_prompt``, ``max_steps``, ``home``; the session key comes from the
+Harbor's ``NonZeroAgentExitCodeError``, or its ``OutputTokenExceededError`` where the CLI stopped on a reply cut
+at the output limit (the entry's ``output_limit_failure``; Harbor counts that as the agent's spent budget and
+keeps the verifier's reward); Harbor's agent timeout cancels ``run``, and the environment kills the process.
+Its kwargs (``AgentConfig.kwargs``): ``agent`` (the registry name), ``proxy_url`` (the proxy's root as the
+environment reaches it), ``system_prompt``, ``max_steps``, ``home``; the session key comes from the
 agent's environment (``AgentConfig.env[API_KEY_ENV]``), so Harbor scrubs it from the trial's files.
 
 Terminus-2 is in ``harness_grpo.harbor_terminus2``, so that LiteLLM (seconds to import) loads only where it runs.
@@ -19,6 +21,7 @@ Terminus-2 is in ``harness_grpo.harbor_terminus2``, so that LiteLLM (seconds to 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -33,7 +36,7 @@ os.environ["HARBOR_TELEMETRY"] = "0"
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from harbor.agents.base import BaseAgent
-from harbor.agents.installed.base import NonZeroAgentExitCodeError
+from harbor.agents.installed.base import NonZeroAgentExitCodeError, OutputTokenExceededError
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from harbor.models.trial.paths import EnvironmentPaths
@@ -130,7 +133,13 @@ class RegistryAgent(BaseAgent):
             target = EnvironmentPaths.agent_dir / f"{self.spec.name}-{name}{PurePosixPath(path).suffix}"
             await environment.exec(f"cp -f {shlex.quote(str(path))} {shlex.quote(str(target))} 2>/dev/null || true")
         if result.return_code != 0:
-            raise NonZeroAgentExitCodeError(
+            limit = self.spec.output_limit_failure
+            error = (
+                OutputTokenExceededError
+                if limit is not None and re.search(limit, stdout, re.MULTILINE)
+                else NonZeroAgentExitCodeError
+            )
+            raise error(
                 f"{self.spec.name} exited with status {result.return_code}\n"
                 f"--- stdout\n{stdout[-2000:]}\n--- stderr\n{stderr[-2000:]}"
             )

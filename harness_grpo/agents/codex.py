@@ -80,4 +80,8 @@ SPEC = AgentSpec(
     install=Install("npm", "@openai/codex", "0.169.0"),
     configure=configure,
     max_steps=None,
+    # a reply cut at max_output_tokens is a Responses ``incomplete``, on which codex fails its turn and exits 1;
+    # its own JSON event starts the line (the model's text is escaped inside other events)
+    output_limit_failure=r'^\{"type":"turn\.failed","error":\{"message":"Incomplete response returned, '
+    r'reason: max_output_tokens"',
 )

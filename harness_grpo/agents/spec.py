@@ -81,7 +81,9 @@ class AgentCommand:
 @dataclass(frozen=True)
 class AgentSpec:
     """One coding-agent CLI: see the module docstring. ``max_steps`` None: the CLI has no step limit
-    (the proxy's call budget bounds it)."""
+    (the proxy's call budget bounds it). ``output_limit_failure``: a regular expression (multi-line) that
+    the stdout of a failed run matches when the CLI ended it because a model reply hit the output-token
+    limit: the model spent its budget, so the run's reward still stands."""
 
     name: str
     binary: str
@@ -89,6 +91,7 @@ class AgentSpec:
     install: Install
     configure: Callable[[AgentLaunch], AgentCommand]
     max_steps: int | None
+    output_limit_failure: str | None = None
 
     @property
     def binary_path(self) -> Path:

@@ -27,6 +27,7 @@ from tests.agents.conftest import AgentStack, ServedCall
 from tests.harbor.conftest import bound_factory, make_task
 
 SAMPLING = {"temperature": 0.2}
+MAX_OUTPUT_TOKENS = 64
 UNSOLVED = 0.25
 VERIFIER = f"""\
 #!/bin/bash
@@ -47,7 +48,7 @@ def _factory(
         harness=harness,
         sampling=SAMPLING,
         max_model_calls=max_model_calls,
-        max_output_tokens=64,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
         system_prompt=SMALL_MODEL_PROMPT,
         max_input_tokens=8192,
         trials_dir=tmp_path / "trials",
@@ -111,11 +112,49 @@ def test_each_harness_runs_a_trial_captured_exactly(harness: str, warm_tiny_stac
         session.close()
     served = warm_tiny_stack.served_since(mark)
     print(f"{harness}: {len(trace.turns)} turns, exit {exit_code}, {time.monotonic() - started:.1f}s")
-    assert session.result.exception_info is None, session.result.exception_info
-    assert exit_code == 0 and stats["errors"] == 0, stats
+    error = session.result.exception_info
+    if error is not None and len(trace.turns[-1].completion_token_ids) == MAX_OUTPUT_TOKENS:
+        # codex ends its run on a reply cut at the output limit (test below)
+        assert (harness, error.exception_type) == ("codex", "OutputTokenExceededError"), error
+    else:
+        assert error is None and exit_code == 0, error
+    assert stats["errors"] == 0, stats
     assert_trace_is_what_the_engine_served(trace, served)
     written = session.config.trials_dir / session.config.trial_name / "verifier" / "reward.txt"
     assert verdict.env_reward == float(written.read_text()) in (UNSOLVED, 1.0)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("harness", [agent for agent in HARNESSES if agent != "terminus-2"])
+def test_a_reply_cut_at_the_output_limit_keeps_the_verifiers_reward(
+    harness: str, warm_tiny_stack: AgentStack, tmp_path: Path
+) -> None:
+    """A 4-token limit cuts the first reply. codex fails its turn on a Responses ``incomplete`` and exits 1, as
+    it does against OpenAI: that is the model's spent budget (Harbor's ``OutputTokenExceededError``), so the
+    verifier's reward stands and the rollout is scored, not dropped. The other CLIs end their run normally."""
+    factory = bound_factory(
+        warm_tiny_stack,
+        harness=harness,
+        sampling=SAMPLING,
+        max_model_calls=1,
+        max_output_tokens=4,
+        system_prompt=SMALL_MODEL_PROMPT,
+        max_input_tokens=8192,
+        trials_dir=tmp_path / "trials",
+    )
+    session = _session(factory, tmp_path)
+    try:
+        session.wait_for_completion(180)
+        trace = session.fetch_training_trace()
+        verdict = session.verify()
+    finally:
+        session.close()
+    assert len(trace.turns) == 1 and len(trace.turns[0].completion_token_ids) == 4
+    error = session.result.exception_info
+    if harness == "codex":
+        assert error is not None and error.exception_type == "OutputTokenExceededError", error
+    assert error is None or error.exception_type == "OutputTokenExceededError", error
+    assert verdict.env_reward == UNSOLVED
 
 
 @pytest.mark.timeout(240)
