@@ -41,14 +41,19 @@ HARNESSES = [
 
 
 def _factory(
-    stack: AgentStack, tmp_path: Path, harness: str, max_model_calls: int, **kwargs
+    stack: AgentStack,
+    tmp_path: Path,
+    harness: str,
+    max_model_calls: int,
+    max_output_tokens: int = MAX_OUTPUT_TOKENS,
+    **kwargs,
 ) -> HarborTrialSessionFactory:
     return bound_factory(
         stack,
         harness=harness,
         sampling=SAMPLING,
         max_model_calls=max_model_calls,
-        max_output_tokens=MAX_OUTPUT_TOKENS,
+        max_output_tokens=max_output_tokens,
         system_prompt=SMALL_MODEL_PROMPT,
         max_input_tokens=8192,
         trials_dir=tmp_path / "trials",
@@ -132,16 +137,7 @@ def test_a_reply_cut_at_the_output_limit_keeps_the_verifiers_reward(
     """A 4-token limit cuts the first reply. codex fails its turn on a Responses ``incomplete`` and exits 1, as
     it does against OpenAI: that is the model's spent budget (Harbor's ``OutputTokenExceededError``), so the
     verifier's reward stands and the rollout is scored, not dropped. The other CLIs end their run normally."""
-    factory = bound_factory(
-        warm_tiny_stack,
-        harness=harness,
-        sampling=SAMPLING,
-        max_model_calls=1,
-        max_output_tokens=4,
-        system_prompt=SMALL_MODEL_PROMPT,
-        max_input_tokens=8192,
-        trials_dir=tmp_path / "trials",
-    )
+    factory = _factory(warm_tiny_stack, tmp_path, harness, max_model_calls=1, max_output_tokens=4)
     session = _session(factory, tmp_path)
     try:
         session.wait_for_completion(180)
