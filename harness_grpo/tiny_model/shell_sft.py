@@ -71,11 +71,8 @@ CHORES = {
 ``{p0}``, ``{p1}`` its paths, in order (``repertoire``)."""
 
 AGENT_REQUESTS = Path(__file__).with_name("agent_requests")
-SHELL_CHORE_AGENTS = ("mini-swe-agent", "opencode", "codex")
-"""The CLIs whose shell-chore SFT model the launcher trains by default. claude-code's request is captured too
-(``agent_request``), but its SFT does not take yet: after ``CAPTURED_SFT_RECIPE`` (10.5 minutes on 2 cores, loss
-0.35 where the others reach 0.05-0.08) 3 of 112 first calls sampled on the easy tasks are a chore's command, and
-two launcher steps of 32 trials earned no reward."""
+SHELL_CHORE_AGENTS = ("mini-swe-agent", "opencode", "codex", "claude-code")
+"""The CLIs whose shell-chore SFT model the launcher trains by default: all four."""
 SERVED_MODEL = "policy"
 """The model name agents send in training (``RolloutContext.model_name``), which opencode and claude-code quote."""
 DATES = tuple(datetime.date(2025, 1, 1) + datetime.timedelta(days=97 * i) for i in range(8))
@@ -84,10 +81,20 @@ CLOSING = "Done."
 
 SHELL_SFT_RECIPE = {"seed": 0, "chats": 2048, "steps": 800, "batch": 8, "lr": 3e-3, "threads": 2}
 CAPTURED_SFT_RECIPE = {**SHELL_SFT_RECIPE, "steps": 300, "batch": 16}
-"""For the captured requests: 1.6-2k prompt tokens where mini's has about 150, and a step's cost is mostly its
-prompt's forward pass, so fewer, larger steps. On 2 cores: opencode's in about 3 minutes, codex's in under 5; after
-them, 102 and 101 of 112 first calls sampled on the easy tasks are a chore's command (13 and 17 the right one).
-800 steps of 8 take opencode's to 112 of 112 in 4.5 minutes."""
+"""For opencode's and codex's captured requests: 1.6-2k prompt tokens where mini's has about 150, and a step's cost
+is mostly its prompt's forward pass, so fewer, larger steps. On 2 cores: opencode's in about 3 minutes, codex's in
+under 5; after them, 102 and 101 of 112 first calls sampled on the easy tasks are a chore's command (13 and 17 the
+right one). 800 steps of 8 take opencode's to 112 of 112 in 4.5 minutes."""
+SFT_RECIPES = {
+    "mini-swe-agent": SHELL_SFT_RECIPE,
+    "opencode": CAPTURED_SFT_RECIPE,
+    "codex": CAPTURED_SFT_RECIPE,
+    "claude-code": SHELL_SFT_RECIPE,
+}
+"""Each CLI's default recipe. claude-code's request puts the instruction before a system message of its own
+(the environment: directory, platform, date), so the names to copy are about 200 tokens back: 300 steps of 16 left
+3 of 112 first calls sampled on the easy tasks a chore's command (loss 0.35); 800 steps of 8 leave 71 of 112, 9 the
+right one (loss 0.07)."""
 
 
 def names_in(instruction: str) -> tuple[list[str], list[str]]:
@@ -233,13 +240,12 @@ def shell_chore_model(
     instructions: Sequence[str], agent: str = "mini-swe-agent", recipe: dict[str, Any] | None = None
 ) -> Path:
     """The warm tiny model after the shell-chore SFT of ``agent`` on ``instructions`` (module docstring), built
-    once and cached; ``recipe`` defaults to ``SHELL_SFT_RECIPE`` for mini-swe-agent, ``CAPTURED_SFT_RECIPE`` for
-    the others."""
+    once and cached; ``recipe`` defaults to the agent's ``SFT_RECIPES``."""
     from harness_grpo.tiny_model.tool_sft import tool_format_model
     from harness_grpo.tiny_model.warm_start import warm_tiny_model_path
 
     if recipe is None:
-        recipe = SHELL_SFT_RECIPE if agent == "mini-swe-agent" else CAPTURED_SFT_RECIPE
+        recipe = SFT_RECIPES[agent]
 
     chats = chore_chats(sorted(set(instructions)), recipe["chats"], recipe["seed"], agent)
     return tool_format_model(warm_tiny_model_path(), chats, recipe)

@@ -43,7 +43,7 @@ def _installed(agent: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(agent_binary(agent) is None, reason=f"{agent} is not installed")
 
 
-AGENTS = [pytest.param(agent, marks=_installed(agent)) for agent in (*SHELL_CHORE_AGENTS, "claude-code")]
+AGENTS = [pytest.param(agent, marks=_installed(agent)) for agent in SHELL_CHORE_AGENTS]
 
 
 @pytest.mark.timeout(240)

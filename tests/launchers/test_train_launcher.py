@@ -164,14 +164,13 @@ def test_the_clis_on_the_embedded_engine_train_their_shell_chore_model_by_defaul
         launcher, "shell_chore_model", lambda instructions, agent: built.append((agent, instructions)) or f"sft-{agent}"
     )
     rows = [{"prompt": [{"role": "user", "content": "Make `a`."}]}, {"prompt": [{"role": "user", "content": "B."}]}]
-    for agent in ("mini-swe-agent", "opencode", "codex"):
+    for agent in ("mini-swe-agent", "opencode", "codex", "claude-code"):
         _, args = launcher.parse(["--harness", agent, "--difficulty", "easy"])
         assert args.max_model_calls == launcher.SHELL_CHORE_DEFAULTS["max_model_calls"]
         assert launcher.default_cli_model(agent, rows, args) == f"sft-{agent}"
         assert built.pop() == (agent, ["Make `a`.", "B."])
-    for agent in ("claude-code", "terminus-2"):
-        _, args = launcher.parse(["--harness", agent])
-        assert launcher.default_cli_model(agent, rows, args) == "tiny-warm"
+    _, args = launcher.parse(["--harness", "terminus-2"])
+    assert launcher.default_cli_model("terminus-2", rows, args) == "tiny-warm"
     _, remote = launcher.parse(["--harness", "mini-swe-agent", "--vllm_server_base_url", "http://127.0.0.1:1"])
     assert launcher.default_cli_model("mini-swe-agent", rows, remote) == "tiny-warm"  # what such an engine serves
     with pytest.raises(SystemExit):
