@@ -9,7 +9,8 @@ capture proxy, one Harbor trial of the real CLI per rollout in the local sandbox
 plus ``--seed``, ``--max_steps`` and any other flags given after ours. Read from the run's
 ``log_history.json``: the verifier's reward per step (``rollout/correctness_mean``, the mean over the step's
 rollouts). Printed per seed: the mean over the first and the last ``--window`` steps, the gain, the wall
-time (the SFT is built once, by the first seed, and cached); ``--plot`` writes the curves as an SVG.
+time (the SFT is built once, by the first seed, and cached), and per task the rewarded trials of those steps (from
+the run's ``rollouts.jsonl``); ``--plot`` writes the curves as an SVG.
 """
 
 from __future__ import annotations
@@ -40,6 +41,22 @@ def run(harness: str, seed: int, steps: int, output: Path, extra: list[str]) -> 
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     history = json.loads((output / "log_history.json").read_text())
     return [entry[KEY] for entry in history if KEY in entry], time.monotonic() - started
+
+
+def rewarded_per_task(rollouts: Path, window: int, steps: int) -> dict[str, tuple[int, int, int, int]]:
+    """Task -> (rewarded, trials) in the first ``window`` steps, then (rewarded, trials) in the last ``window``
+    steps of ``steps``; a trial is rewarded when its verifier reward is above 0."""
+    counts: dict[str, list[int]] = {}
+    for line in rollouts.read_text().splitlines():
+        rollout = json.loads(line)
+        first, last = rollout["step"] <= window, rollout["step"] > steps - window
+        if not (first or last):
+            continue
+        tally = counts.setdefault(rollout["task"], [0, 0, 0, 0])
+        offset = 0 if first else 2
+        tally[offset] += (rollout["env_reward"] or 0) > 0
+        tally[offset + 1] += 1
+    return {task: (a, b, c, d) for task, (a, b, c, d) in sorted(counts.items())}
 
 
 def svg_plot(curves: dict[str, list[float]], title: str) -> str:
@@ -102,6 +119,9 @@ def main() -> None:
                 flush=True,
             )
             print("  per step: " + " ".join(f"{value:.2f}" for value in curve), flush=True)
+            tasks = rewarded_per_task(root / f"{args.harness}-seed{seed}" / "rollouts.jsonl", w, len(curve))
+            cells = [f"{task} {a}/{b} -> {c}/{d}" for task, (a, b, c, d) in tasks.items()]
+            print(f"  rewarded trials, first {w} -> last {w} steps: " + ", ".join(cells), flush=True)
     if args.plot is not None:
         title = f"{args.harness} on the easy tasks, tiny model on 2 CPU cores: verifier reward per step"
         args.plot.parent.mkdir(parents=True, exist_ok=True)
