@@ -71,8 +71,6 @@ CHORES = {
 ``{p0}``, ``{p1}`` its paths, in order (``repertoire``)."""
 
 AGENT_REQUESTS = Path(__file__).with_name("agent_requests")
-SHELL_CHORE_AGENTS = ("mini-swe-agent", "opencode", "codex", "claude-code")
-"""The CLIs whose shell-chore SFT model the launcher trains by default: all four."""
 SERVED_MODEL = "policy"
 """The model name agents send in training (``RolloutContext.model_name``), which opencode and claude-code quote."""
 DATES = tuple(datetime.date(2025, 1, 1) + datetime.timedelta(days=97 * i) for i in range(8))
@@ -95,6 +93,8 @@ SFT_RECIPES = {
 (the environment: directory, platform, date), so the names to copy are about 200 tokens back: 300 steps of 16 left
 3 of 112 first calls sampled on the easy tasks a chore's command (loss 0.35); 800 steps of 8 leave 71 of 112, 9 the
 right one (loss 0.07)."""
+SHELL_CHORE_AGENTS = tuple(SFT_RECIPES)
+"""The CLIs whose shell-chore SFT model the launcher trains by default: those with a recipe."""
 
 
 def names_in(instruction: str) -> tuple[list[str], list[str]]:
