@@ -69,6 +69,10 @@ for the agent and the proxy's own engine client upstream, each body parsed and
 written again as the proxy does, and nothing else (no session, capture, journal
 or bridge; its sessions and traces are not checked). Our proxy's cost above it
 is what capture costs; its added latency is what this stack adds on this machine.
+``--proxies forward`` adds the floor of any proxy: each connection relayed byte
+for byte to the engine on uvloop, no HTTP parsed; its added latency is what one
+more process and loopback hop cost here. Passthrough's latency above it is the
+HTTP stack's and the engine's work for the ids and logprobs a capture asks for.
 ``--bridge off`` opens our sessions without the token-in bridge (this agent
 echoes its calls verbatim, so the bridge saves nothing here and costs one
 ``/tokenize`` per call; ``bench/bridge_cost.py`` measures it where it pays).
@@ -121,7 +125,8 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = fv.MODEL
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PR_SET_PDEATHSIG = 1
-TARGETS = ("ours", "before", "passthrough", "openenv")
+TARGETS = ("ours", "before", "passthrough", "forward", "openenv")
+UNCAPTURED = ("passthrough", "forward")  # floors: no sessions, no traces
 PROXY_TARGETS = ("ours", "before")  # our proxy: this tree's, and ``--before REV``'s (run from a git archive)
 TEXT_DELTA = re.compile(rb'"content": ?"[^"]')  # an SSE chunk that carries reply text
 DEFAULT_CASES = "1x8,16x8,64x8,256x8,4x64"
@@ -266,6 +271,47 @@ def serve_passthrough(port: int, engine_port: int) -> None:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         print(f"passthrough on http://127.0.0.1:{port} to engine port {engine_port}", flush=True)
+        await asyncio.Event().wait()
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with contextlib.suppress(KeyboardInterrupt, SystemExit):
+        asyncio.run(run(), loop_factory=uvloop.new_event_loop)
+
+
+def serve_forward(port: int, engine_port: int) -> None:
+    """The ``forward`` target (see the module docstring): each connection relayed byte for byte to one of its own
+    to the engine, on uvloop; no HTTP is parsed."""
+    import uvloop
+
+    class Relay(asyncio.Protocol):
+        def __init__(self, peer: asyncio.Transport | None = None) -> None:
+            self.peer = peer
+            self.early: list[bytes] = []  # what the agent sent before the engine's connection was open
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+            if self.peer is None:  # the agent's side: open the engine's
+                self.connecting = asyncio.ensure_future(self.connect())
+
+        async def connect(self) -> None:
+            loop = asyncio.get_running_loop()
+            engine, _ = await loop.create_connection(lambda: Relay(self.transport), "127.0.0.1", engine_port)
+            engine.writelines(self.early)
+            self.peer = engine
+
+        def data_received(self, data: bytes) -> None:
+            if self.peer is None:
+                self.early.append(data)
+            else:
+                self.peer.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.peer is not None:
+                self.peer.close()
+
+    async def run() -> None:
+        await asyncio.get_running_loop().create_server(Relay, "127.0.0.1", port)
+        print(f"forward on http://127.0.0.1:{port} to engine port {engine_port}", flush=True)
         await asyncio.Event().wait()
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -593,7 +639,7 @@ class LoadGen:
         return Agent(user, [{"role": "system", "content": self.system}, {"role": "user", "content": user}])
 
     async def create_session(self, http: aiohttp.ClientSession, agent: Agent) -> None:
-        if self.target in ("direct", "passthrough"):
+        if self.target in ("direct", *UNCAPTURED):
             return
         headers = {"Authorization": f"Bearer {self.admin_key}"} if self.target in PROXY_TARGETS else {}
         config = {"bridge": False} if self.target == "ours" and not self.bridge else {}
@@ -801,9 +847,9 @@ def start_target(env: Env, target: str, label: str) -> tuple[subprocess.Popen | 
             str(port),
             f"--admin-key={admin}",
         ]
-    elif target == "passthrough":
+    elif target in UNCAPTURED:
         admin = ""
-        argv = [py, str(Path(__file__).resolve()), "--serve-passthrough", str(port), str(env.engine_port)]
+        argv = [py, str(Path(__file__).resolve()), f"--serve-{target}", str(port), str(env.engine_port)]
     else:
         admin = ""
         argv = [
@@ -911,7 +957,7 @@ def run_phase(
         traces = None
         if proc is not None:
             result.rss_mb, result.hwm_mb = proc_mem_mb(proc.pid)
-        if proc is not None and target != "passthrough":
+        if proc is not None and target not in UNCAPTURED:
             used = [ag for ag in agents if ag.key]
             t0 = time.perf_counter()
             traces = asyncio.run(fetch_traces(f"http://127.0.0.1:{port}", target, admin, used, result.export_ms))
@@ -1047,8 +1093,8 @@ def report(res: dict, cases: list[str], streams: list[bool], targets: list[str])
                             fmt(core1, 0),
                             fmt(r.others_cpu_s / r.wall_s * 100 if r.wall_s else math.nan, 0),
                             str(r.sessions),
-                            fmt(r.hwm_after_export_mb, 0) if target not in ("direct", "passthrough") else "-",
-                            fmt(r.export_s, 2) if target not in ("direct", "passthrough") else "-",
+                            fmt(r.hwm_after_export_mb, 0) if target not in ("direct", *UNCAPTURED) else "-",
+                            fmt(r.export_s, 2) if target not in ("direct", *UNCAPTURED) else "-",
                             f"{r.echo_checked - r.echo_bad}/{r.echo_checked}" if r.echo_checked else "n/a",
                         ]
                     )
@@ -1141,7 +1187,7 @@ def hardening_report(
             row(
                 f"RSS MB per 64-turn session {case} {tag}",
                 lambda t, c=case, s=stream: (
-                    fmt(p.mb_per_session, 2) if (p := phase(t, c, s, False)) and t != "passthrough" else "-"
+                    fmt(p.mb_per_session, 2) if (p := phase(t, c, s, False)) and t not in UNCAPTURED else "-"
                 ),
             )
         for case in [c for c in cases if c.endswith("x128")]:
@@ -1196,7 +1242,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--cases", default=None, help=f"comma-separated SESSIONSxTURNS (default {DEFAULT_CASES})")
     p.add_argument(
-        "--proxies", default="ours,openenv", help="comma-separated subset of: ours,before,passthrough,openenv"
+        "--proxies", default="ours,openenv", help="comma-separated subset of: ours,before,passthrough,forward,openenv"
     )
     p.add_argument(
         "--before",
@@ -1240,6 +1286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy", help="the py-spy binary for --profile")
     p.add_argument("--serve-engine", type=int, default=None, metavar="PORT", help=argparse.SUPPRESS)
     p.add_argument("--serve-passthrough", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--serve-forward", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     quick = a.quick
     a.cases = a.cases or ("1x4,16x4,64x4" if quick else DEFAULT_CASES)
@@ -1276,6 +1323,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.serve_passthrough is not None:
         serve_passthrough(*a.serve_passthrough)
+        return 0
+    if a.serve_forward is not None:
+        serve_forward(*a.serve_forward)
         return 0
     targets = [t.strip() for t in a.proxies.split(",") if t.strip()]
     if a.before and "before" not in targets:
@@ -1345,7 +1395,7 @@ def main(argv: list[str] | None = None) -> int:
                 if target == "direct"
                 else (
                     f"  CPU {r.proxy_cpu_s * 1e3 / max(r.calls, 1):.2f} ms/call RSS {r.rss_mb:.0f} MB "
-                    + ("(no capture)" if target == "passthrough" else f"lost/mixed {r.lost}/{r.mixed}")
+                    + ("(no capture)" if target in UNCAPTURED else f"lost/mixed {r.lost}/{r.mixed}")
                 )
             )
             print(
