@@ -11,6 +11,7 @@ the trainer's imports.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
@@ -86,7 +87,18 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'harness_grpo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    try:
+        imported = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] in ("harness_grpo", "proxy"):
+            raise
+        raise ModuleNotFoundError(
+            f"harness_grpo.{name} needs {exc.name!r}, which {sys.executable} cannot import: run it with the "
+            "interpreter harness-grpo was installed in (`bash launchers/setup.sh` makes .venv/bin/python) "
+            "or install the package there (`pip install -e .`)",
+            name=exc.name,
+        ) from exc
+    value = getattr(imported, name)
     globals()[name] = value
     return value
 

@@ -32,6 +32,16 @@ def test_the_public_api_is_one_import_and_costs_nothing_until_used() -> None:
     assert out.strip() == "False"
 
 
+def test_a_missing_dependency_names_itself_and_the_interpreter_to_use() -> None:
+    """An interpreter without the dependencies (here: numpy made unimportable) says what to run instead."""
+    code = "import sys; sys.modules['numpy'] = None\nfrom harness_grpo import HarnessAsyncGRPOTrainer"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: harness_grpo.HarnessAsyncGRPOTrainer needs 'numpy'")
+    assert sys.executable in last and "launchers/setup.sh" in last
+
+
 def test_async_grpo_defaults() -> None:
     args = HarnessGRPOConfig(output_dir="unused")
     assert (args.learning_rate, args.lr_scheduler_type.value, args.logging_steps) == (1e-6, "constant", 1)
