@@ -79,20 +79,21 @@ CLOSING = "Done."
 
 SHELL_SFT_RECIPE = {"seed": 0, "chats": 2048, "steps": 800, "batch": 8, "lr": 3e-3, "threads": 2}
 CAPTURED_SFT_RECIPE = {**SHELL_SFT_RECIPE, "steps": 300, "batch": 16}
-"""For opencode's and codex's captured requests: 1.6-2k prompt tokens where mini's has about 150, and a step's cost
-is mostly its prompt's forward pass, so fewer, larger steps. On 2 cores: opencode's in about 3 minutes, codex's in
-under 5; after them, 102 and 101 of 112 first calls sampled on the easy tasks are a chore's command (13 and 17 the
-right one). 800 steps of 8 take opencode's to 112 of 112 in 4.5 minutes."""
+"""For codex's captured request: 1.6k prompt tokens where mini's has about 150, and a step's cost is mostly its
+prompt's forward pass, so fewer, larger steps: under 5 minutes on 2 cores, after which 101 of 112 first calls sampled
+on the easy tasks are a chore's command (17 the right one)."""
 SFT_RECIPES = {
     "mini-swe-agent": SHELL_SFT_RECIPE,
-    "opencode": CAPTURED_SFT_RECIPE,
+    "opencode": SHELL_SFT_RECIPE,
     "codex": CAPTURED_SFT_RECIPE,
     "claude-code": SHELL_SFT_RECIPE,
 }
 """Each CLI's default recipe. claude-code's request puts the instruction before a system message of its own
 (the environment: directory, platform, date), so the names to copy are about 200 tokens back: 300 steps of 16 left
 3 of 112 first calls sampled on the easy tasks a chore's command (loss 0.35); 800 steps of 8 leave 71 of 112, 9 the
-right one (loss 0.07)."""
+right one (loss 0.07). opencode's 300 steps of 16 gave 102 of 112 on one machine and 18 on another (an AMD EPYC
+with AVX2; same code and recipe, so other float rounding or library builds), so it gets 800 steps of 8: 112 of 112
+there, 19 the right one, sampled on the prompts of real opencode trials (5.5 minutes on 2 cores)."""
 SHELL_CHORE_AGENTS = tuple(SFT_RECIPES)
 """The CLIs whose shell-chore SFT model the launcher trains by default: those with a recipe."""
 
