@@ -178,6 +178,29 @@ def test_the_clis_on_the_embedded_engine_train_their_shell_chore_model_by_defaul
     assert "--difficulty selects Harbor tasks" in capsys.readouterr().err
 
 
+def test_the_prebuilt_shell_chore_models_are_the_ones_the_launcher_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m harness_grpo.tiny_model --shell-chores`` (the test command's set-up) asks for the very SFT
+    models ``--harness CLI --difficulty easy`` serves: same CLIs, same instructions, so neither a run nor a timed
+    test builds one."""
+    from harness_grpo.harbor_tasks import load_task_dataset
+    from harness_grpo.tiny_model import __main__ as tiny_model_cli
+    from harness_grpo.tiny_model import shell_sft
+
+    launcher = _launcher_module()
+    asked: dict[str, list[tuple[str, list[str]]]] = {"set-up": [], "launcher": []}
+    monkeypatch.setattr(
+        shell_sft, "shell_chore_model", lambda instructions, agent: asked["set-up"].append((agent, instructions))
+    )
+    monkeypatch.setattr(
+        launcher, "shell_chore_model", lambda instructions, agent: asked["launcher"].append((agent, instructions))
+    )
+    tiny_model_cli.shell_chore_models()
+    for agent in shell_sft.SHELL_CHORE_AGENTS:
+        launch, args = launcher.parse(["--harness", agent, "--difficulty", "easy"])
+        launcher.default_cli_model(agent, load_task_dataset(launcher.TASKS, difficulty=launch.difficulty), args)
+    assert len(asked["set-up"]) == 4 and asked["set-up"] == asked["launcher"]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
