@@ -189,7 +189,12 @@ class FakeVLLM:
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
             return _bad_request(f"invalid request: {type(exc).__name__}: {exc}")
         tokens = self.tokenize_faults.pop(0)(ids) if self.tokenize_faults else ids
-        return web.json_response({"count": len(ids), "max_model_len": 131072, "tokens": tokens, "token_strs": None})
+        reply = {"count": len(ids), "max_model_len": 131072, "tokens": tokens, "token_strs": None}
+        try:
+            data = orjson.dumps(reply)  # compact, as vLLM writes
+        except TypeError:  # an injected id past 64 bits, which only json writes
+            data = json.dumps(reply, separators=(",", ":")).encode()
+        return web.Response(body=data, content_type="application/json")
 
     async def _chat_tokens(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())

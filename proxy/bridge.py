@@ -69,6 +69,7 @@ import orjson
 
 from proxy.capture_graph import CaptureGraph
 from proxy.engine_client import EngineClient, UpstreamError
+from proxy.known_prompt import KnownPrompt, extend, open_json
 
 REASONING_MODES = ("fork", "keep")
 MAX_TRAILER = 8  # ids a template may put after a turn's stop id ("\n" for ChatML)
@@ -242,6 +243,7 @@ class BridgeIndex:
         self.closing: array[int] | None = None
         self.reproduces = False
         self.missed = False
+        self._end_json: tuple[str, bytes] | None = None  # the last turn's node and its ids' open JSON
 
     def add(
         self,
@@ -269,6 +271,23 @@ class BridgeIndex:
         elif metadata.get("bridge_fallback"):
             self.stats.fallbacks[metadata["bridge_fallback"]] += 1
 
+    def remember_end(
+        self, node_id: str, prompt_ids: list[int], prompt_json: bytes | None, sampled_ids: list[int]
+    ) -> None:
+        """Keep the open JSON of a recorded turn's prompt + sampled ids while calls may speculate, so the next
+        call's reply is matched against it (``known_prompt``); ``prompt_json``: the engine's, when at hand."""
+        if not self.reproduces:
+            self._end_json = None
+            return
+        self._end_json = (node_id, extend(open_json(prompt_ids) if prompt_json is None else prompt_json, sampled_ids))
+
+    def known_prompt(self, plan: BridgePlan, graph: CaptureGraph) -> KnownPrompt | None:
+        """What the engine's prompt for the speculative ``plan`` starts with if the speculation holds (its
+        matched turn's ids), where that turn's JSON is kept (``remember_end``); else None."""
+        if plan.expects is None or self._end_json is None or self._end_json[0] != plan.expects:
+            return None
+        return KnownPrompt(graph.end_ids(plan.expects), self._end_json[1])
+
     def confirm(self, plan: BridgePlan, graph: CaptureGraph, prompt_ids: Any) -> bool:
         """Whether the engine's ``prompt_ids`` for the speculative ``plan`` are its bridged prompt (they start with
         the ids of ``plan.expects`` in ``graph``); if not, the session stops speculating."""
@@ -295,6 +314,7 @@ class BridgePlan:
     fallback: str | None = None
     saved_tokens: int = 0  # bridged: the parent's ids a row would repeat had the engine rendered the messages
     expects: str | None = None  # speculative: the node whose ids the engine's rendering must start with
+    matched: str | None = None  # bridged: the node whose ids ``tokens`` start with
 
     def metadata(self) -> dict[str, Any]:
         """The turn's bridge metadata: ``bridged``; ``bridge_saved_tokens`` when bridged (and ``bridge_speculated``
@@ -320,6 +340,7 @@ class _Rendered:
     head: bytes
     ids: array[int] | None
     node_id: str | None = None
+    json: bytes | None = None  # ``ids``' open JSON (``proxy.known_prompt``), to match the next rendering against
 
     def rendering(self, graph: CaptureGraph) -> array[int] | None:
         """The rendering's ids; None where an id does not fit 64 bits (no ``/tokenize`` answer has those)."""
@@ -373,7 +394,8 @@ async def plan_prompt(
         if rendered is not None and closing is not None and _renders_once(rendered, restored, end, history):
             before = rendered.rendering(graph)
             if before is not None:
-                full = await _full(client, request, restored, history, index)
+                known = None if rendered.json is None else KnownPrompt(before, rendered.json)
+                full = await _full(client, request, restored, history, index, known)
                 at = _closing_stop(full, before, closing, ids[-1])
         if at is not None:
             tokens = ids + full[at + 1 :].tolist()
@@ -396,7 +418,7 @@ async def plan_prompt(
         return BridgePlan(history, fallback=ENGINE)
     saved = 0 if full[: len(ids)].tolist() == ids else len(ids)  # the rendering extends the turn anyway: nothing saved
     index.reproduces = not saved and not index.missed
-    return BridgePlan(history, tokens=tokens, saved_tokens=saved)
+    return BridgePlan(history, tokens=tokens, saved_tokens=saved, matched=turn.node_id)
 
 
 def _tokenize_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -431,12 +453,13 @@ async def _full(
     messages: list[dict[str, Any]],
     history: History | None,
     index: BridgeIndex,
+    known: KnownPrompt | None = None,
 ) -> array[int]:
-    """The rendering of ``messages`` with the generation prompt, kept as the session's last rendering when
-    ``history`` is the request's (not for a variant of its messages)."""
-    full = await client.tokenize({**request, "messages": messages, "add_generation_prompt": True})
+    """The rendering of ``messages`` with the generation prompt (expected to start with ``known``), kept as the
+    session's last rendering when ``history`` is the request's (not for a variant of its messages)."""
+    full, json = await client.tokenize_known({**request, "messages": messages, "add_generation_prompt": True}, known)
     if history is not None:
-        index.rendered = _Rendered(messages, history.head, full)
+        index.rendered = _Rendered(messages, history.head, full, json=json)
     return full
 
 

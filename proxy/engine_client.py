@@ -42,6 +42,7 @@ import orjson
 from proxy.dialects.base import TEXT_FIELDS
 from proxy.engine_http import EngineConnectionError, EngineHttp, EngineResponse
 from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
+from proxy.known_prompt import KnownPrompt, loads_reply, open_json
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 CHAT_ROUTE = "/v1/chat/completions"
@@ -490,16 +491,31 @@ class EngineClient:
         bound: one that nests deeper raises ``NestingError`` (a ``ValueError``) before anything is sent.
         ``route`` is ``CHAT_ROUTE``, or ``TOKENS_ROUTE`` for a body that carries its prompt as ``tokens``.
         """
-        return await self._post(route, body if isinstance(body, bytes) else dumps_bounded(body))
+        return (await self.chat_known(body, route=route))[0]
+
+    async def chat_known(
+        self, body: dict[str, Any] | bytes, *, route: str = CHAT_ROUTE, known: KnownPrompt | None = None
+    ) -> tuple[dict[str, Any], bytes | None]:
+        """``chat`` of a prompt expected to start with ``known`` (``proxy.known_prompt``), and where it did, the
+        open JSON of the engine's prompt ids (else None): those ids were then taken from ``known``, not parsed."""
+        payload = body if isinstance(body, bytes) else dumps_bounded(body)
+        return await self._post(route, payload, "prompt_token_ids", known)
 
     async def tokenize(self, body: dict[str, Any]) -> array[int]:
         """``POST /tokenize`` (vLLM's): the ids of a chat rendering, packed (64-bit); a reply without a list of
         ints in that range is malformed. Packing is the check: it refuses anything else in one pass."""
-        answer = await self._post("/tokenize", dumps_bounded(body))
+        return (await self.tokenize_known(body))[0]
+
+    async def tokenize_known(self, body: dict[str, Any], known: KnownPrompt | None = None) -> tuple[array[int], bytes]:
+        """``tokenize`` of a rendering expected to start with ``known`` (its ids packed, ``proxy.known_prompt``), and
+        the open JSON of the ids: the engine's where they started with ``known`` (those ids then not parsed)."""
+        answer, tokens_json = await self._post("/tokenize", dumps_bounded(body), "tokens", known)
         tokens = answer.get("tokens")
+        if isinstance(tokens, array):
+            return tokens, tokens_json
         if isinstance(tokens, list):
             with contextlib.suppress(TypeError, OverflowError):
-                return array("q", tokens)
+                return array("q", tokens), open_json(tokens)
         raise MalformedUpstream("/tokenize answered without a list of token ids")
 
     async def chat_stream(
@@ -598,7 +614,11 @@ class EngineClient:
             raise UpstreamError(502, f"engine {path} answered {type(answer).__name__}, not a JSON object")
         return answer
 
-    async def _post(self, path: str, payload: bytes) -> dict[str, Any]:
+    async def _post(
+        self, path: str, payload: bytes, array_name: str = "", known: KnownPrompt | None = None
+    ) -> tuple[dict[str, Any], bytes | None]:
+        """The engine's JSON object answer to ``payload``, and the open JSON of its array ``array_name`` where
+        that started with ``known`` (``loads_reply``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s  # the whole call's budget: attempts and waits
         attempt = 0
@@ -619,12 +639,12 @@ class EngineClient:
                 else:
                     if status == 200:
                         try:
-                            parsed = orjson.loads(data)
+                            parsed, prompt_json = loads_reply(data, array_name, known)
                         except orjson.JSONDecodeError as exc:
                             raise MalformedUpstream(f"invalid JSON ({exc})") from None
                         if not isinstance(parsed, dict):
                             raise MalformedUpstream("response is not a JSON object")
-                        return parsed
+                        return parsed, prompt_json
                     failure = _retryable_failure(status, data)
                     retry = retry_after
                 await asyncio.sleep(self._retry_wait(failure, attempt, retry, deadline))

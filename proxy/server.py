@@ -95,6 +95,7 @@ from proxy.engine_client import (
     probe_tier,
 )
 from proxy.json_depth import MAX_REQUEST_DEPTH, NestingError, check_depth, dumps_bounded
+from proxy.known_prompt import KnownPrompt
 from proxy.metrics import ProxyMetrics
 from proxy.sampling_policy import PolicyError, engine_request
 from proxy.sessions import Session, SessionConfig, SessionRegistry, keys_equal
@@ -535,7 +536,7 @@ class CaptureProxy:
         try:
             if chat.stream:
                 stream = await _open_stream(request)
-            engine, capture, plan, renderer = await self._sample(
+            engine, capture, plan, renderer, prompt_json = await self._sample(
                 stream, dialect, chat, session, client, payload, upstream_body
             )
             # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
@@ -547,7 +548,7 @@ class CaptureProxy:
                     reply = b"".join(renderer.finish(engine))
             if self.sessions.get(session.id) is not session:
                 raise _CallFailed(404, "the session was deleted during the call; nothing was recorded", None)
-            self._record(session, chat, capture, engine, upstream_body, requested, request, plan)
+            self._record(session, chat, capture, engine, upstream_body, requested, request, plan, prompt_json)
         except (UpstreamError, _CallFailed) as exc:
             session.stats.errors += 1
             if isinstance(exc, UpstreamError):
@@ -571,9 +572,10 @@ class CaptureProxy:
         client: EngineClient,
         payload: bytes,
         upstream_body: dict[str, Any],
-    ) -> tuple[dict[str, Any], Capture, BridgePlan, StreamRenderer | None]:
+    ) -> tuple[dict[str, Any], Capture, BridgePlan, StreamRenderer | None, bytes | None]:
         """Plan the prompt (``plan_prompt``) and sample it, relayed to ``stream`` when there is one: the engine's
-        completion, its capture, the plan it followed and the stream's renderer. A speculative call whose prompt
+        completion, its capture, the plan it followed, the stream's renderer and the open JSON of the prompt ids
+        where they were matched as bytes (``BridgeIndex.known_prompt``). A speculative call whose prompt
         is not the bridged one is made again through the bridge before anything of it is sent or recorded."""
         while True:
             plan = await plan_prompt(
@@ -585,22 +587,26 @@ class CaptureProxy:
                 reasoning=session.config.bridge_reasoning,
                 has_route=functools.partial(self._has_tokens_route, client),
             )
-            body, route = payload, CHAT_ROUTE
+            body, route, known = payload, CHAT_ROUTE, None
             if plan.tokens is not None:
-                body, route = dumps_bounded({**upstream_body, "tokens": plan.tokens}), TOKENS_ROUTE
+                tokens = orjson.dumps(plan.tokens)
+                body, route = dumps_bounded({**upstream_body, "tokens": orjson.Fragment(tokens)}), TOKENS_ROUTE
+                known = KnownPrompt(plan.tokens, tokens[:-1])
             confirm = None if plan.expects is None else functools.partial(session.bridge.confirm, plan, session.graph)
             if stream is None:
-                engine = await client.chat(body, route=route)
+                known = known or session.bridge.known_prompt(plan, session.graph)
+                engine, prompt_json = await client.chat_known(body, route=route, known=known)
                 capture = extract_capture(engine)
-                if confirm is None or confirm(capture.prompt_ids):
-                    return engine, capture, plan, None
+                # prompt_json: the engine's prompt started with the ids it was expected to start with
+                if confirm is None or prompt_json is not None or confirm(capture.prompt_ids):
+                    return engine, capture, plan, None, prompt_json
                 continue
             renderer = dialect.stream_renderer(chat)
             try:
                 engine = await self._relay(stream, dialect, renderer, client, body, route, confirm)
             except _SpeculationMissed:
                 continue
-            return engine, extract_capture(engine), plan, renderer
+            return engine, extract_capture(engine), plan, renderer, None
 
     async def _relay(
         self,
@@ -704,9 +710,10 @@ class CaptureProxy:
         requested: dict[str, Any],
         request: web.Request,
         plan: BridgePlan,
+        prompt_json: bytes | None,
     ) -> None:
         """Journal, then add to the graph, one checked and rendered call; all or nothing. Then index it for the
-        bridge (``metadata``: whether its prompt was bridged, and why not)."""
+        bridge (``metadata``: whether its prompt was bridged, and why not; ``prompt_json``: see ``_sample``)."""
         choice = engine["choices"][0]
         engine_turn = {"choices": [{"message": choice["message"], "finish_reason": choice.get("finish_reason")}]}
         tools = upstream_body.get("tools") or []
@@ -729,7 +736,7 @@ class CaptureProxy:
                 {"messages": upstream_body["messages"], "tools": tools},
                 engine_turn,
                 metadata,
-                extends=plan.expects,
+                extends=plan.expects or (plan.matched if prompt_json is not None else None),
             )
         except CaptureContractError as exc:
             raise MalformedUpstream(str(exc)) from None
@@ -741,6 +748,7 @@ class CaptureProxy:
         self.metrics.captured_tokens += len(capture.sampled_ids)
         if plan.history is not None:
             session.bridge.add(node_id, plan.history, engine_turn, capture.sampled_ids, metadata)
+            session.bridge.remember_end(node_id, capture.prompt_ids, prompt_json, capture.sampled_ids)
 
     def _client_error(
         self, session: Session, dialect: ModuleType, status: int, message: str, param: str | None

@@ -20,6 +20,7 @@ from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 from bench.fake_vllm import IM_END, IM_START, NEWLINE, render_prompt, tokenize
 from proxy.bridge import History, _closing_stop, _semantic
 from proxy.capture_graph import sequences_from_trace
+from proxy.known_prompt import loads_reply
 from proxy.trace import TrainingTrace
 from tests.proxy.proxy_stack import TOOLS, Stack, agent_turns, run_stack
 from tests.proxy.test_dialects import accumulate_chat
@@ -290,6 +291,57 @@ def test_a_bridged_call_renders_once_and_fingerprints_only_its_new_messages(
                 *parent["completion_token_ids"],
                 NEWLINE,
                 *_suffix(history, TOOLS),
+            ]
+
+    run_stack(scenario, tmp_path)
+
+
+@pytest.mark.parametrize("as_sampled", [False, True], ids=["rendered", "speculative"])
+def test_a_bridged_call_parses_only_the_ids_past_those_it_knew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_sampled: bool
+) -> None:
+    """The ids a bridged call gets back start with ids the session holds: its prompt with the ids it sent or the
+    turn it expects, the ``/tokenize`` of its history with the last rendering. Those are matched as bytes and only
+    the ids after them parsed (``proxy.known_prompt``), and the trace is what parsing everything gives."""
+    answers: list[tuple[str, bool]] = []  # per engine answer read: (its array of ids, whether its start was known)
+
+    def spy(data: bytes, name: str, known: Any) -> tuple[Any, bytes | None]:
+        parsed, json_ = loads_reply(data, name, known)
+        answers.append((name, json_ is not None))
+        return parsed, json_
+
+    monkeypatch.setattr("proxy.engine_client.loads_reply", spy)
+
+    async def scenario(stack: Stack) -> None:
+        session = await stack.create_session(sampling=SAMPLING)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "an agent"}, {"role": "user", "content": "go"}]
+        per_call = []
+        for _ in range(8):
+            answers.clear()
+            status, reply = await stack.chat(session.api_key, messages, tools=TOOLS)
+            assert status == 200, reply
+            per_call.append(list(answers))
+            message = reply["choices"][0]["message"]
+            if as_sampled:  # the engine then renders the history as sampled: calls speculate
+                messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
+                calls = message.get("tool_calls") or []
+                messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ran"} for c in calls]
+                if not calls:
+                    messages.append({"role": "user", "content": "continue"})
+            else:
+                _send_back_compactly(messages, message, "continue")
+        later = [("prompt_token_ids", True)] if as_sampled else [("tokens", True), ("prompt_token_ids", True)]
+        assert per_call[2:] == [later] * 6
+        assert per_call[1] == [("tokens", False), ("tokens", False), ("prompt_token_ids", True)]  # the ids it sent
+        turns = (await stack.trace(session.session_id))["turns"]
+        assert [t["metadata"].get("bridge_speculated", False) for t in turns] == [False, False] + [as_sampled] * 6
+        for parent, turn in itertools.pairwise(turns):
+            assert turn["metadata"]["parent_id"] == parent["node_id"]
+            assert turn["prompt_token_ids"] == [
+                *parent["prompt_token_ids"],
+                *parent["completion_token_ids"],
+                NEWLINE,
+                *_suffix(turn["request"]["messages"], TOOLS),
             ]
 
     run_stack(scenario, tmp_path)
