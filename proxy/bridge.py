@@ -29,7 +29,9 @@ does where the session's last rendering (``full`` of the previous call) is of ex
 the matched turn, that turn carries no reasoning, and an earlier call rendered twice taught the template's
 ``closing`` (its trailer and the first id of the next message): ``full`` must start with the last rendering,
 the turn closes at the first stop id after it, which ``closing`` must follow, and the prompt is the turn's
-ids + ``full`` after that stop id, the same ids as from two renderings. Otherwise it renders both.
+ids + ``full`` after that stop id, the same ids as from two renderings. Otherwise it renders both. The ids the
+engine answers with (that ``full``, and the prompt of a bridged or speculative call) start with ids the session
+holds, which are matched as bytes and not parsed again (``proxy.known_prompt``).
 
 Speculation. Where the template renders this session's sampled turns as they were sampled (its last bridged
 call's rendering started with the matched turn's ids: ``BridgeIndex.reproduces``), the bridged prompt would be
