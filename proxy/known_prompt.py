@@ -49,10 +49,11 @@ def loads_reply(data: bytes, name: str, known: KnownPrompt | None) -> tuple[Any,
     start = key + len(name) + 3
     end = start + len(known.json)
     close = data.find(b"]", end)
-    if key < 0 or close < 0 or data[end : end + 1] not in (b",", b"]") or data[start:end] != known.json:
+    if key < 0 or close < 0 or data[end : end + 1] not in (b",", b"]") or not data.startswith(known.json, start):
         return orjson.loads(data), None
+    view = memoryview(data)
     try:
-        parsed = orjson.loads(b"".join((data[:start], b"null", data[close + 1 :])))
+        parsed = orjson.loads(b"".join((view[:start], b"null", view[close + 1 :])))
         rest = orjson.loads(b"[" + data[end + 1 : close + 1]) if data[end : end + 1] == b"," else []
         ids = known.ids + (rest if isinstance(known.ids, list) else array(known.ids.typecode, rest))
     except (orjson.JSONDecodeError, TypeError, OverflowError):  # not plain ids after all: parsed whole, as ever

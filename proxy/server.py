@@ -575,7 +575,7 @@ class CaptureProxy:
     ) -> tuple[dict[str, Any], Capture, BridgePlan, StreamRenderer | None, bytes | None]:
         """Plan the prompt (``plan_prompt``) and sample it, relayed to ``stream`` when there is one: the engine's
         completion, its capture, the plan it followed, the stream's renderer and the open JSON of the prompt ids
-        where they were matched as bytes (``BridgeIndex.known_prompt``). A speculative call whose prompt
+        where they were matched as bytes (``proxy.known_prompt``). A speculative call whose prompt
         is not the bridged one is made again through the bridge before anything of it is sent or recorded."""
         while True:
             plan = await plan_prompt(
