@@ -33,9 +33,10 @@ Invariant: a turn is in the trace if and only if the agent was sent its reply
 (for a stream, the whole of it; text it read of a failed stream is no reply).
 A reply that can't be rendered, a turn the journal can't write (a full disk)
 and a session deleted during the call record nothing and answer an error. A
-client that disconnects cancels the engine call and nothing is recorded; an
-engine failure or malformed engine reply becomes an error in the agent's
-dialect and nothing is recorded. Once a stream's headers are out, every error,
+client that disconnects cancels the engine call, records nothing and logs no
+error (its handler is cancelled, or its next write fails); an engine failure
+or malformed engine reply becomes an error in the agent's dialect and nothing
+is recorded. Once a stream's headers are out, every error,
 the proxy's own included, is the dialect's stream error event followed by the
 end of the stream, never a second HTTP response.
 
@@ -313,10 +314,15 @@ class CaptureProxy:
     ) -> web.StreamResponse:
         try:
             return await handler(request)
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             raise
         except Exception as exc:
             stream = request.get(_OPEN_STREAM)
+            if isinstance(exc, ConnectionResetError) and _agent_gone(request):
+                # A write to an agent that hung up: nothing was recorded (the call raised before its record) and
+                # there is no one to answer; aiohttp ends a response to a closed transport quietly.
+                log.debug("%s %s: the agent went away mid-reply", request.method, request.path)
+                return stream if stream is not None else web.Response(status=499)
             if isinstance(exc, web.HTTPException) and exc.status < 400:
                 raise
             if isinstance(exc, web.HTTPRequestEntityTooLarge):
@@ -885,6 +891,12 @@ def _translate(
         stream=chat.stream,
     )
     return chat, upstream_body, requested, dumps_bounded(upstream_body)  # the one serialisation, nesting bounded
+
+
+def _agent_gone(request: web.Request) -> bool:
+    """Whether the agent's connection is closed or closing (a write to it fails; nothing more can reach it)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _dialect_for(path: str) -> ModuleType:

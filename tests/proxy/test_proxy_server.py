@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 import socket
@@ -173,6 +174,47 @@ def test_client_disconnect_cancels_upstream_and_records_nothing(tmp_path: Path) 
         assert len((await stack.trace(session.session_id))["turns"]) == 0
 
     run_stack(body, tmp_path, keepalive_s=0.1)
+
+
+def test_an_agent_that_hangs_up_as_its_stream_is_written_records_nothing_and_logs_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's connection closes just before the proxy writes its stream's second frame (aiohttp then refuses
+    the write: ``ClientConnectionResetError``, a ``ConnectionResetError``): a client gone, not a proxy error, so no
+    "Error handling request" traceback, nothing recorded, and the session's next call is served."""
+    write = aiohttp.web.StreamResponse.write
+    proxy_port: list[int] = []
+    writes: list[aiohttp.web.StreamResponse] = []  # the proxy's stream, once per write
+
+    async def hang_up_before_second_frame(self: aiohttp.web.StreamResponse, data: bytes) -> None:
+        transport = self._req.transport if self._req is not None else None
+        if transport is not None and transport.get_extra_info("sockname")[1] in proxy_port:
+            writes.append(self)
+            if len(writes) == 2:
+                transport.close()
+        await write(self, data)
+
+    async def body(stack: Stack) -> None:
+        proxy_port.append(int(stack.url.rsplit(":", 1)[1]))
+        session = await stack.create_session()
+        monkeypatch.setattr(aiohttp.web.StreamResponse, "write", hang_up_before_second_frame)
+        payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        headers = {"Authorization": f"Bearer {session.api_key}"}
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with stack.http.post(f"{stack.url}/v1/chat/completions", json=payload, headers=headers) as resp:
+                assert resp.status == 200
+                await resp.read()
+        assert len(writes) >= 2, "the proxy's stream was never written past its first frame"
+        monkeypatch.undo()
+        assert len((await stack.trace(session.session_id))["turns"]) == 0
+        status, reply = await stack.chat(session.api_key, [{"role": "user", "content": "hi"}])
+        assert status == 200, reply
+        assert len((await stack.trace(session.session_id))["turns"]) == 1
+
+    caplog.set_level(logging.DEBUG)
+    run_stack(body, tmp_path, engine_options={"token_latency_s": 0.01})
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert not errors, [record.getMessage() for record in errors]
 
 
 def test_streaming_keepalive_and_replay(tmp_path: Path) -> None:
