@@ -214,6 +214,26 @@ class _TrialRun:
     def cancel(self) -> None:
         self._loop.loop.call_soon_threadsafe(self._task.cancel)
 
+    def waiting_at(self) -> str:
+        """Where the trial's task is suspended, innermost first (``file:line function`` per awaiting coroutine):
+        what a trial that outlives its limit is waiting for."""
+        try:
+            return self._loop.run(_awaiting(self._task), timeout_s=10.0)
+        except TimeoutError:
+            return "(unknown: the trials' event loop did not answer within 10 s, something blocks it)"
+
+
+async def _awaiting(task: asyncio.Task) -> str:
+    """The chain of coroutines ``task`` awaits through (``Task.get_stack`` shows only the outermost one)."""
+    frames, awaited = [], task.get_coro()
+    while awaited is not None and getattr(awaited, "cr_frame", None) is not None:
+        frame = awaited.cr_frame
+        frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        awaited = awaited.cr_await
+    if awaited is not None:
+        frames.append(repr(awaited)[:300])
+    return " <- ".join(reversed(frames)) or "(ended)"
+
 
 class HarborSession:
     """One rollout: a proxy session and one Harbor trial of ``task`` (see the module docstring)."""
@@ -263,9 +283,11 @@ class HarborSession:
             self._run = run = _TrialRun(config)
         limit = None if agent_timeout is None else agent_timeout + self._factory.trial_grace_s
         if not run.join(limit):
+            waiting = run.waiting_at()
+            log.warning("trial %s did not end within %s s; it waits at %s", config.trial_name, limit, waiting)
             run.cancel()
             run.join(self._factory.trial_grace_s)
-            raise TimeoutError(f"the trial did not end within {limit} s")
+            raise TimeoutError(f"the trial did not end within {limit} s; it waited at {waiting}")
         if run.error is not None:
             raise HarborTrialError(f"the trial failed: {type(run.error).__name__}: {run.error}") from run.error
         self.result = result = run.result
