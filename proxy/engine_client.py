@@ -519,17 +519,24 @@ class EngineClient:
         raise MalformedUpstream("/tokenize answered without a list of token ids")
 
     async def chat_stream(
-        self, body: dict[str, Any] | bytes, *, route: str = CHAT_ROUTE
+        self,
+        body: dict[str, Any] | bytes,
+        *,
+        route: str = CHAT_ROUTE,
+        known: KnownPrompt | None = None,
+        matched: list[bytes] | None = None,
     ) -> AsyncIterator[list[dict[str, Any]]]:
         """One streamed chat completion: yields the SSE ``data`` chunks as JSON objects, in order, in batches
         (every chunk that had arrived by then: a caller that forwards each batch at once pays per read, not per
         token), and ends after ``data: [DONE]``.
 
-        ``body`` and ``route`` are as for ``chat``; ``body`` asks for the stream. Failures are retried as ``chat``
-        retries them, but only until the first chunk arrived. The whole stream has one budget, ``timeout_s`` (504
-        when it runs out). An error event is an ``UpstreamError`` (502); a chunk that is not a JSON object, or a
-        stream that ends without ``[DONE]``, is ``MalformedUpstream``. Close it (``contextlib.aclosing``) so an
-        abandoned stream drops its engine connection at once.
+        ``body`` and ``route`` are as for ``chat``; ``body`` asks for the stream. ``known``: what the prompt is
+        expected to start with, matched against the first chunk's ``prompt_token_ids`` as ``chat_known`` matches
+        a reply; where they matched, the open JSON of the prompt's ids is appended to ``matched``. Failures are
+        retried as ``chat`` retries them, but only until the first chunk arrived. The whole stream has one budget,
+        ``timeout_s`` (504 when it runs out). An error event is an ``UpstreamError`` (502); a chunk that is not a
+        JSON object, or a stream that ends without ``[DONE]``, is ``MalformedUpstream``. Close it
+        (``contextlib.aclosing``) so an abandoned stream drops its engine connection at once.
         """
         payload = body if isinstance(body, bytes) else dumps_bounded(body)
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -554,8 +561,15 @@ class EngineClient:
                                 if done:
                                     events = events[: events.index(b"[DONE]")]
                                 if events:
+                                    first: list[dict[str, Any]] = []
+                                    if not received and known is not None:  # the chunk with the prompt's ids
+                                        chunk, prompt_json = _known_stream_chunk(events[0], known)
+                                        first, events = [chunk], events[1:]
+                                        if prompt_json is not None and matched is not None:
+                                            matched.append(prompt_json)
                                     received = True
-                                    batch, failure = _stream_chunks(events)
+                                    batch, failure = _stream_chunks(events) if events else ([], None)
+                                    batch[:0] = first
                                     if batch:  # the chunks before a bad one still reach the caller first
                                         yield batch
                                     if failure is not None:
@@ -721,15 +735,21 @@ def _stream_chunks(events: list[bytes]) -> tuple[list[dict[str, Any]], UpstreamE
 
 def _stream_chunk(data: bytes) -> dict[str, Any]:
     """One stream chunk parsed; an error event is an ``UpstreamError``, anything but a JSON object is malformed."""
+    return _known_stream_chunk(data, None)[0]
+
+
+def _known_stream_chunk(data: bytes, known: KnownPrompt | None) -> tuple[dict[str, Any], bytes | None]:
+    """``_stream_chunk`` whose ``prompt_token_ids`` are matched against ``known`` (``loads_reply``), and the open
+    JSON of those ids where they matched (else None)."""
     try:
-        chunk = orjson.loads(data)
+        chunk, prompt_json = loads_reply(data, "prompt_token_ids", known)
     except orjson.JSONDecodeError as exc:
         raise MalformedUpstream(f"invalid JSON in a stream chunk ({exc})") from None
     if not isinstance(chunk, dict):
         raise MalformedUpstream("a stream chunk is not a JSON object")
     if "error" in chunk or chunk.get("object") == "error":
         raise UpstreamError(502, f"engine stream failed: {_error_message(data) or 'error event'}")
-    return chunk
+    return chunk, prompt_json
 
 
 def _error_message(data: bytes) -> str | None:

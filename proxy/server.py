@@ -599,8 +599,8 @@ class CaptureProxy:
                 body, route = dumps_bounded({**upstream_body, "tokens": orjson.Fragment(tokens)}), TOKENS_ROUTE
                 known = KnownPrompt(plan.tokens, tokens[:-1])
             confirm = None if plan.expects is None else functools.partial(session.bridge.confirm, plan, session.graph)
+            known = known or session.bridge.known_prompt(plan, session.graph)
             if stream is None:
-                known = known or session.bridge.known_prompt(plan, session.graph)
                 engine, prompt_json = await client.chat_known(body, route=route, known=known)
                 capture = extract_capture(engine)
                 # prompt_json: the engine's prompt started with the ids it was expected to start with
@@ -609,10 +609,10 @@ class CaptureProxy:
                 continue
             renderer = dialect.stream_renderer(chat)
             try:
-                engine = await self._relay(stream, dialect, renderer, client, body, route, confirm)
+                engine, prompt_json = await self._relay(stream, dialect, renderer, client, body, route, known, confirm)
             except _SpeculationMissed:
                 continue
-            return engine, extract_capture(engine), plan, renderer, None
+            return engine, extract_capture(engine), plan, renderer, prompt_json
 
     async def _relay(
         self,
@@ -622,12 +622,14 @@ class CaptureProxy:
         client: EngineClient,
         payload: bytes,
         route: str,
+        known: KnownPrompt | None = None,
         confirm: Callable[[Any], bool] | None = None,
-    ) -> dict[str, Any]:
-        """Stream the engine's reply to the agent as it is sampled; returns the assembled completion.
+    ) -> tuple[dict[str, Any], bytes | None]:
+        """Stream the engine's reply to the agent as it is sampled; returns the assembled completion and the open
+        JSON of its prompt ids where they started with ``known`` (``proxy.known_prompt``; else None).
 
         ``confirm`` (a speculative call): the engine's prompt ids, read from its first chunks, must pass it before
-        anything is written; ``_SpeculationMissed`` where they don't.
+        anything is written (a match with ``known`` passes); ``_SpeculationMissed`` where they don't.
 
         The renderer's start frames and the first text are written as soon as they arrive; after that, text is
         written at most once per ``stream_flush_s`` (what arrived in between as one delta per run of a field),
@@ -676,13 +678,15 @@ class CaptureProxy:
             await write_after(previous)
 
         try:
-            async with aclosing(client.chat_stream(payload, route=route)) as batches:
+            matched: list[bytes] = []
+            async with aclosing(client.chat_stream(payload, route=route, known=known, matched=matched)) as batches:
                 try:
                     async for batch in batches:
                         started = bool(assembler.head)
                         assembler.add_batch(batch, texts)
                         if not started:
-                            if confirm is not None and not confirm(assembler.head.get("prompt_token_ids")):
+                            prompt_ids = assembler.head.get("prompt_token_ids")  # taken from ``known`` if matched
+                            if confirm is not None and not matched and not confirm(prompt_ids):
                                 raise _SpeculationMissed
                             with _rendering(dialect):
                                 frames.extend(renderer.start(assembler.head))
@@ -704,7 +708,7 @@ class CaptureProxy:
                 await asyncio.wait((writing,))
             if writing is not None and not writing.cancelled():
                 writing.exception()  # retrieved: the failure that ends the call is the one raised here
-        return assembler.response()
+        return assembler.response(), matched[0] if matched else None
 
     def _record(
         self,

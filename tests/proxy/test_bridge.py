@@ -296,18 +296,21 @@ def test_a_bridged_call_renders_once_and_fingerprints_only_its_new_messages(
     run_stack(scenario, tmp_path)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
 @pytest.mark.parametrize("as_sampled", [False, True], ids=["rendered", "speculative"])
 def test_a_bridged_call_parses_only_the_ids_past_those_it_knew(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_sampled: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_sampled: bool, stream: bool
 ) -> None:
     """The ids a bridged call gets back start with ids the session holds: its prompt with the ids it sent or the
-    turn it expects, the ``/tokenize`` of its history with the last rendering. Those are matched as bytes and only
-    the ids after them parsed (``proxy.known_prompt``), and the trace is what parsing everything gives."""
+    turn it expects (in a reply, or a stream's first chunk), the ``/tokenize`` of its history with the last
+    rendering. Those are matched as bytes and only the ids after them parsed (``proxy.known_prompt``), and the trace
+    is what parsing everything gives."""
     answers: list[tuple[str, bool]] = []  # per engine answer read: (its array of ids, whether its start was known)
 
     def spy(data: bytes, name: str, known: Any) -> tuple[Any, bytes | None]:
         parsed, json_ = loads_reply(data, name, known)
-        answers.append((name, json_ is not None))
+        if b'"%s":' % name.encode() in data:  # not a stream's later chunks
+            answers.append((name, json_ is not None))
         return parsed, json_
 
     monkeypatch.setattr("proxy.engine_client.loads_reply", spy)
@@ -318,10 +321,21 @@ def test_a_bridged_call_parses_only_the_ids_past_those_it_knew(
         per_call = []
         for _ in range(8):
             answers.clear()
-            status, reply = await stack.chat(session.api_key, messages, tools=TOOLS)
-            assert status == 200, reply
+            if stream:
+                body = {"model": "m", "messages": messages, "tools": TOOLS, "stream": True}
+                answer = await post(stack.http, f"{stack.url}{CHAT}", body, agent_headers(CHAT, session.api_key))
+                assert answer.status == 200, answer.body
+                message = accumulate_chat(parse_sse(answer.body))["message"]
+                calls = [
+                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                    for c in message.pop("tool_calls")
+                ]
+                message = {"role": "assistant", **message, **({"tool_calls": calls} if calls else {})}
+            else:
+                status, reply = await stack.chat(session.api_key, messages, tools=TOOLS)
+                assert status == 200, reply
+                message = reply["choices"][0]["message"]
             per_call.append(list(answers))
-            message = reply["choices"][0]["message"]
             if as_sampled:  # the engine then renders the history as sampled: calls speculate
                 messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
                 calls = message.get("tool_calls") or []
