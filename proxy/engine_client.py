@@ -568,7 +568,7 @@ class EngineClient:
                                         if prompt_json is not None and matched is not None:
                                             matched.append(prompt_json)
                                     received = True
-                                    batch, failure = _stream_chunks(events) if events else ([], None)
+                                    batch, failure = _stream_chunks(events)
                                     batch[:0] = first
                                     if batch:  # the chunks before a bad one still reach the caller first
                                         yield batch
