@@ -11,8 +11,8 @@ after the other, each in its own process on uvloop pinned to core 0 (the load ru
 ``POST /call`` reads a JSON body (about 3 kB), parses it and answers a fixed JSON reply (about 1.2 kB); with
 ``?stream=1`` it answers the reply as an SSE stream of three chunked writes, as the proxy streams a reply (start,
 text, end). The load is keep-alive connections on raw asyncio streams at concurrency 1 and 64. Printed: the
-server's CPU per request (from ``GET /cpu``, its ``time.process_time()`` before and after the load) and
-aiohttp's over bare's. Usage: ``.venv/bin/python -m bench.http_server_floor [--requests 4000]``.
+server process's CPU per request (``/proc``, as ``bench/proxy_vs_openenv.py`` reads it) and aiohttp's over bare's.
+Usage: ``.venv/bin/python -m bench.http_server_floor [--requests 8000]``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import orjson
 import uvloop
 from aiohttp import web
 from aiohttp.typedefs import Handler
+
+from bench.proxy_vs_openenv import free_port, proc_cpu_s
 
 REPLY = orjson.dumps({"id": "r", "choices": [{"message": {"role": "assistant", "content": "hello " * 200}}]})
 FRAMES = (b"data: " + REPLY[:200] + b"\n\n", b"data: " + REPLY[200:600] + b"\n\n", b"data: " + REPLY[600:] + b"\n\n")
@@ -54,12 +56,8 @@ async def serve_aiohttp(port: int) -> None:
         await response.write_eof(FRAMES[2])
         return response
 
-    async def cpu(request: web.Request) -> web.Response:
-        return web.Response(text=repr(time.process_time()))
-
     app = web.Application(middlewares=[passing])
     app.router.add_post("/call", call)
-    app.router.add_get("/cpu", cpu)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, auto_decompress=False)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -87,12 +85,10 @@ class _Bare(asyncio.Protocol):
             asyncio.get_running_loop().create_task(self.answer(lines[0].split(b" ")[1], body))
 
     async def answer(self, target: bytes, body: bytes) -> None:
-        if target == b"/cpu":
-            self.send(repr(time.process_time()).encode())
-            return
         orjson.loads(body)
         if b"stream=1" not in target:
-            self.send(REPLY)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(REPLY)
+            self.transport.write(head + REPLY)
             return
         head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
         self.transport.write(head + b"%x\r\n%s\r\n" % (len(FRAMES[0]), FRAMES[0]))
@@ -100,10 +96,6 @@ class _Bare(asyncio.Protocol):
         self.transport.write(b"%x\r\n%s\r\n" % (len(FRAMES[1]), FRAMES[1]))
         await asyncio.sleep(0)
         self.transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(FRAMES[2]), FRAMES[2]))
-
-    def send(self, payload: bytes) -> None:
-        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload)
-        self.transport.write(head + payload)
 
 
 async def serve_bare(port: int) -> None:
@@ -122,14 +114,6 @@ async def _answer(reader: asyncio.StreamReader) -> bytes:
     return b"".join(pieces)
 
 
-async def _server_cpu(port: int) -> float:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /cpu HTTP/1.1\r\nHost: bench\r\n\r\n")
-    seconds = float(await _answer(reader))
-    writer.close()
-    return seconds
-
-
 async def _client(port: int, calls: int, stream: bool) -> None:
     target = b"/call?stream=1" if stream else b"/call"
     request = b"POST %s HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
@@ -144,18 +128,12 @@ async def _client(port: int, calls: int, stream: bool) -> None:
     writer.close()
 
 
-async def measure(port: int, concurrency: int, stream: bool, requests: int) -> float:
-    """The server's CPU ms per request over ``requests`` requests at ``concurrency``, after a warm-up."""
+async def measure(port: int, pid: int, concurrency: int, stream: bool, requests: int) -> float:
+    """Process ``pid``'s CPU ms per request over ``requests`` requests at ``concurrency``, after a warm-up."""
     await asyncio.gather(*(_client(port, 20, stream) for _ in range(concurrency)))
-    before = await _server_cpu(port)
+    before = proc_cpu_s(pid)
     await asyncio.gather(*(_client(port, requests // concurrency, stream) for _ in range(concurrency)))
-    return (await _server_cpu(port) - before) * 1e3 / (requests // concurrency * concurrency)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return (proc_cpu_s(pid) - before) * 1e3 / (requests // concurrency * concurrency)
 
 
 def _wait_listening(port: int, process: subprocess.Popen) -> None:
@@ -170,7 +148,7 @@ def _wait_listening(port: int, process: subprocess.Popen) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=4000, help="requests per measurement")
+    parser.add_argument("--requests", type=int, default=8000, help="requests per measurement")
     parser.add_argument("--serve", nargs=2, metavar=("SERVER", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -187,14 +165,16 @@ def main() -> None:
         os.sched_setaffinity(0, {1})
     results: dict[tuple[str, bool, int], float] = {}
     for server in SERVERS:
-        port = _free_port()
+        port = free_port()
         command = [sys.executable, "-m", "bench.http_server_floor", "--serve", server, str(port)]
-        process = subprocess.Popen(["taskset", "-c", "0", *command] if pin else command)
+        process = subprocess.Popen(command, preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if pin else None)
         try:
             _wait_listening(port, process)
             for stream in (False, True):
                 for concurrency in CONCURRENCY:
-                    results[server, stream, concurrency] = uvloop.run(measure(port, concurrency, stream, args.requests))
+                    results[server, stream, concurrency] = uvloop.run(
+                        measure(port, process.pid, concurrency, stream, args.requests)
+                    )
         finally:
             process.terminate()
             process.wait(10)
