@@ -556,26 +556,29 @@ class EngineClient:
                             failure = _retryable_failure(response.status, data)
                             retry = response.headers.get("retry-after")
                         else:
-                            async for events in _sse_data(response, deadline):
-                                done = b"[DONE]" in events
-                                if done:
-                                    events = events[: events.index(b"[DONE]")]
-                                if events:
-                                    first: list[dict[str, Any]] = []
-                                    if not received and known is not None:  # the chunk with the prompt's ids
-                                        chunk, prompt_json = _known_stream_chunk(events[0], known)
-                                        first, events = [chunk], events[1:]
-                                        if prompt_json is not None and matched is not None:
-                                            matched.append(prompt_json)
-                                    received = True
-                                    batch, failure = _stream_chunks(events)
-                                    batch[:0] = first
-                                    if batch:  # the chunks before a bad one still reach the caller first
-                                        yield batch
-                                    if failure is not None:
-                                        raise failure
-                                if done:
-                                    return
+                            # closed here, not left to the garbage collector: an async generator dropped open costs
+                            # the loop a thread-safe wakeup and a task to close it
+                            async with contextlib.aclosing(_sse_data(response, deadline)) as reads:
+                                async for events in reads:
+                                    done = b"[DONE]" in events
+                                    if done:
+                                        events = events[: events.index(b"[DONE]")]
+                                    if events:
+                                        first: list[dict[str, Any]] = []
+                                        if not received and known is not None:  # the chunk with the prompt's ids
+                                            chunk, prompt_json = _known_stream_chunk(events[0], known)
+                                            first, events = [chunk], events[1:]
+                                            if prompt_json is not None and matched is not None:
+                                                matched.append(prompt_json)
+                                        received = True
+                                        batch, failure = _stream_chunks(events)
+                                        batch[:0] = first
+                                        if batch:  # the chunks before a bad one still reach the caller first
+                                            yield batch
+                                        if failure is not None:
+                                            raise failure
+                                    if done:
+                                        return
                             raise MalformedUpstream("the stream ended before data: [DONE]")
                 except TimeoutError:  # the budget is spent: never retried
                     raise UpstreamError(504, f"engine timed out (no answer within {self.timeout_s:g} s)") from None

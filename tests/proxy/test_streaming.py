@@ -5,7 +5,9 @@ nothing and ends in the dialect's error event."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -613,6 +615,32 @@ def test_text_sampled_token_by_token_costs_no_task_per_token(tmp_path: Path) -> 
         assert counts[1] - counts[0] <= 2 + seconds / flush_s, (counts, seconds)
 
     run_stack(body, tmp_path, stream_flush_s=flush_s)
+
+
+def test_a_streamed_call_leaves_no_async_generator_for_the_loop_to_close(tmp_path: Path) -> None:
+    """Every stream reader the call opened is closed by the call: one left to the garbage collector costs the loop
+    a thread-safe wakeup and a task to close it, on every call."""
+
+    async def body(stack: Stack) -> None:
+        session = await stack.create_session()
+        hooks = sys.get_asyncgen_hooks()
+        dropped: list[str] = []
+
+        def finalizer(generator: Any) -> None:
+            dropped.append(generator.__qualname__)
+            hooks.finalizer(generator)
+
+        sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalizer)
+        try:
+            for route in ROUTES:
+                _, _, raw = await _timed_stream(stack, route, session.api_key, _text_body(route, stream=True))
+                assert stream_outcome(route, _raw_reply(raw))[1] is None
+            gc.collect()
+        finally:
+            sys.set_asyncgen_hooks(*hooks)
+        assert dropped == []
+
+    run_stack(body, tmp_path)
 
 
 def test_a_streams_last_frames_and_its_end_are_one_write() -> None:
