@@ -548,7 +548,7 @@ class CaptureProxy:
             # From here to the send nothing awaits: a cancelled call (the agent went away) records nothing, and
             # a recorded one is handed to the transport.
             if renderer is None:
-                reply = _render(dialect, chat, engine)
+                reply = _render(dialect, chat, engine, prompt_json)
             else:
                 with _rendering(dialect):
                     reply = b"".join(renderer.finish(engine))
@@ -609,7 +609,9 @@ class CaptureProxy:
                 continue
             renderer = dialect.stream_renderer(chat)
             try:
-                engine, prompt_json = await self._relay(stream, dialect, renderer, client, body, route, known, confirm)
+                engine, prompt_json = await self._relay(
+                    stream, dialect, chat, renderer, client, body, route, known, confirm
+                )
             except _SpeculationMissed:
                 continue
             return engine, extract_capture(engine), plan, renderer, prompt_json
@@ -618,6 +620,7 @@ class CaptureProxy:
         self,
         stream: web.StreamResponse,
         dialect: ModuleType,
+        chat: ChatRequest,
         renderer: StreamRenderer,
         client: EngineClient,
         payload: bytes,
@@ -688,8 +691,9 @@ class CaptureProxy:
                             prompt_ids = assembler.head.get("prompt_token_ids")  # taken from ``known`` if matched
                             if confirm is not None and not matched and not confirm(prompt_ids):
                                 raise _SpeculationMissed
+                            head = _echoing(chat, assembler.head, matched[0] if matched else None)
                             with _rendering(dialect):
-                                frames.extend(renderer.start(assembler.head))
+                                frames.extend(renderer.start(head))
                         if frames or texts:
                             if due <= loop.time():
                                 await flush()
@@ -910,12 +914,22 @@ def _dialect_for(path: str) -> ModuleType:
     return ROUTES.get(path, openai_chat)
 
 
-def _render(dialect: ModuleType, chat: ChatRequest, engine: dict[str, Any]) -> bytes:
-    """The whole reply, JSON or every SSE frame, before anything is recorded or sent."""
+def _render(dialect: ModuleType, chat: ChatRequest, engine: dict[str, Any], prompt_json: bytes | None = None) -> bytes:
+    """The whole reply, JSON or every SSE frame, before anything is recorded or sent (``prompt_json``: see
+    ``_echoing``)."""
     with _rendering(dialect):
         if chat.stream:
             return b"".join(dialect.render_stream(engine, chat))
-        return orjson.dumps(dialect.render_response(engine, chat))
+        return orjson.dumps(_echoing(chat, dialect.render_response(engine, chat), prompt_json))
+
+
+def _echoing(chat: ChatRequest, reply: dict[str, Any], prompt_json: bytes | None) -> dict[str, Any]:
+    """``reply`` (or a stream's head) with the prompt ids it echoes to a ``return_token_ids`` agent as the engine's
+    own bytes of them, where ``prompt_json`` holds their open JSON (``proxy.known_prompt``): thousands of ids are
+    copied, not serialised again."""
+    if prompt_json is not None and chat.return_token_ids and "prompt_token_ids" in reply:
+        return {**reply, "prompt_token_ids": orjson.Fragment(prompt_json + b"]")}
+    return reply
 
 
 @contextmanager

@@ -361,6 +361,62 @@ def test_a_bridged_call_parses_only_the_ids_past_those_it_knew(
     run_stack(scenario, tmp_path)
 
 
+class _DumpsSpy:
+    """``orjson`` for a module under test, noting the type of each ``prompt_token_ids`` it is asked to write."""
+
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(orjson, name)
+
+    def dumps(self, obj: Any, *args: Any) -> bytes:
+        if isinstance(obj, dict) and "prompt_token_ids" in obj:
+            self.seen.append(type(obj["prompt_token_ids"]).__name__)
+        return orjson.dumps(obj, *args)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "streamed"])
+def test_the_ids_a_bridged_call_echoes_are_the_engines_bytes_not_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """A ``return_token_ids`` agent gets the prompt ids the trace holds; where the call was bridged, the engine's
+    bytes of them (matched, ``proxy.known_prompt``) are what it gets, not thousands of ids serialised again."""
+    seen: list[str] = []
+    monkeypatch.setattr("proxy.server.orjson", _DumpsSpy(seen))
+    monkeypatch.setattr("proxy.dialects.base.orjson", _DumpsSpy(seen))
+
+    async def scenario(stack: Stack) -> None:
+        session = await stack.create_session(sampling=SAMPLING)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "an agent"}, {"role": "user", "content": "go"}]
+        echoed, kinds = [], []
+        for _ in range(3):
+            seen.clear()
+            body = {"model": "m", "messages": messages, "tools": TOOLS, "stream": stream, "return_token_ids": True}
+            answer = await post(stack.http, f"{stack.url}{CHAT}", body, agent_headers(CHAT, session.api_key))
+            assert answer.status == 200, answer.body
+            if stream:
+                frames = parse_sse(answer.body)
+                echoed.append(frames[0][1]["prompt_token_ids"])
+                message = accumulate_chat(frames)["message"]
+                calls = [
+                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                    for c in message.pop("tool_calls")
+                ]
+                message = {"role": "assistant", **message, **({"tool_calls": calls} if calls else {})}
+            else:
+                echoed.append(answer.json["prompt_token_ids"])
+                message = answer.json["choices"][0]["message"]
+            kinds.append(list(seen))
+            _send_back_compactly(messages, message, "continue")
+        turns = (await stack.trace(session.session_id))["turns"]
+        assert echoed == [turn["prompt_token_ids"] for turn in turns]
+        assert [turn["metadata"]["bridged"] for turn in turns] == [False, True, True]
+        assert kinds == [["list"], ["Fragment"], ["Fragment"]]
+
+    run_stack(scenario, tmp_path)
+
+
 async def _fallbacks(stack: Stack, key: str) -> list[tuple[bool, str | None, bool]]:
     """Per turn after the first: (bridged, fallback reason, whether it is a root)."""
     turns = (await stack.trace(key))["turns"][1:]
