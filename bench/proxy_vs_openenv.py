@@ -63,7 +63,11 @@ load (from /proc/stat): above a few % the figures are noisy. ``--profile DIR``
 attaches py-spy to each proxy's throughput phase (collapsed stacks in DIR).
 
 ``--before REV`` adds a third proxy, REV's ``proxy`` package (``git archive``)
-run the same way, so a change is measured against its base in one run.
+run the same way, so a change is measured against its base in one run. On a
+host whose neighbours come and go, one phase's CPU per call can vary by a third
+from run to run: ``--rounds R`` runs every phase R times (the proxies in reverse
+order every other round), reports each phase's median round and lists every
+round's CPU per call, so a change of a few percent is told from the noise.
 ``--proxies passthrough`` adds the floor of our HTTP stack: aiohttp on uvloop
 for the agent and the proxy's own engine client upstream, each body parsed and
 written again as the proxy does, and nothing else (no session, capture, journal
@@ -101,6 +105,7 @@ import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -998,6 +1003,36 @@ def added_pair(res: dict, target: str, case: str, stream: bool) -> str:
     return f"{fmt(added(res, target, case, stream, 0.5), 2)} / {fmt(added(res, target, case, stream, 0.99), 2)}"
 
 
+def cpu_ms_per_call(r: Phase) -> float:
+    return r.proxy_cpu_s * 1e3 / max(r.calls, 1)
+
+
+def median_cpu_round(phases: list[Phase]) -> Phase:
+    """The round of a phase whose proxy CPU per call is the median (the lower middle of an even count); the direct
+    baseline, with no proxy, by its median p50 latency."""
+    key = cpu_ms_per_call if any(r.proxy_cpu_s for r in phases) else (lambda r: r.pct(0.5))
+    return sorted(phases, key=key)[(len(phases) - 1) // 2]
+
+
+def rounds_report(rounds: dict[tuple[str, str, bool, bool], list[Phase]]) -> str:
+    """Each proxy phase's CPU per call in every round, in the order run, with their median and spread."""
+    lines = [
+        "",
+        "Proxy CPU ms/call in each round (the tables above show the median round):",
+        "| target | case | stream | phase | rounds | median | min - max |",
+        "|--------|------|--------|-------|--------|--------|-----------|",
+    ]
+    for (target, case, stream, paced), phases in rounds.items():
+        if target == "direct":
+            continue
+        cpu = [cpu_ms_per_call(r) for r in phases]
+        lines.append(
+            f"| {target} | {case} | {'yes' if stream else 'no'} | {'paced' if paced else 'tput'} | "
+            f"{' '.join(f'{c:.2f}' for c in cpu)} | {statistics.median(cpu):.2f} | {min(cpu):.2f} - {max(cpu):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def report(res: dict, cases: list[str], streams: list[bool], targets: list[str]) -> str:
     out: list[str] = []
     headers = [
@@ -1275,6 +1310,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-core", type=int, default=1, help="core of the engine and this load generator")
     p.add_argument("--no-pin", action="store_true", help="don't pin processes to cores")
     p.add_argument("--quick", action="store_true", help="smoke run: small cases, short phases")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every phase this many times, the proxies in reverse order every other round; the tables show "
+        "each phase's round of median proxy CPU per call, and a table its CPU in every round",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write every measurement here")
     p.add_argument(
         "--profile",
@@ -1288,6 +1330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serve-passthrough", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-forward", type=int, nargs=2, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
     quick = a.quick
     a.cases = a.cases or ("1x4,16x4,64x4" if quick else DEFAULT_CASES)
     a.paced_rate = a.paced_rate or (200.0 if quick else 100.0)
@@ -1349,7 +1393,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-vs-openenv-"))
     procs = Procs(workdir)
-    res: dict[tuple[str, str, bool, bool], Phase] = {}
+    rounds: dict[tuple[str, str, bool, bool], list[Phase]] = {}  # (target, case, stream, paced) -> one per round
     ttft: dict[str, Phase] = {}
     failures: list[str] = []
     pinning = f"proxy->core {a.proxy_core}, engine+loadgen->core {a.load_core}" if pin else "no"
@@ -1389,7 +1433,7 @@ def main(argv: list[str] | None = None) -> int:
                 failures.append(f"{name.strip()}: {type(exc).__name__}: {exc}")
                 print(f"  {name}: FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
                 return
-            res[(target, case, stream, paced)] = r
+            rounds.setdefault((target, case, stream, paced), []).append(r)
             extra = (
                 ""
                 if target == "direct"
@@ -1403,13 +1447,16 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
-        for sessions, turns in cases:
-            for paced in (False,) if a.no_paced else (False, True):
-                measure("direct", sessions, turns, False, paced)
-            for stream in streams:
-                for target in targets:
-                    for paced in (False,) if a.no_paced else (False, True):
-                        measure(target, sessions, turns, stream, paced)
+        for round_ in range(a.rounds):
+            if a.rounds > 1:
+                print(f"round {round_ + 1} of {a.rounds}", flush=True)
+            for sessions, turns in cases:
+                for paced in (False,) if a.no_paced else (False, True):
+                    measure("direct", sessions, turns, False, paced)
+                for stream in streams:
+                    for target in targets if round_ % 2 == 0 else targets[::-1]:
+                        for paced in (False,) if a.no_paced else (False, True):
+                            measure(target, sessions, turns, stream, paced)
         if a.ttft:
             (sessions, turns), token_s = parse_cases(a.ttft)[0], a.token_latency_ms / 1e3
             for target in ["direct", *targets]:
@@ -1431,8 +1478,11 @@ def main(argv: list[str] | None = None) -> int:
         procs.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
     case_names = [f"{s}x{n}" for s, n in cases]
+    res = {key: median_cpu_round(phases) for key, phases in rounds.items()}
     print()
     print(report(res, case_names, streams, targets))
+    if a.rounds > 1:
+        print(rounds_report(rounds))
     print(targets_verdict(res, streams))
     print(hardening_report(res, ttft, targets, streams, a.token_latency_ms))
     if failures:
@@ -1463,8 +1513,10 @@ def main(argv: list[str] | None = None) -> int:
                 "echo_checked": r.echo_checked,
                 "echo_bad": r.echo_bad,
                 "export_s": r.export_s,
+                "round": i,
             }
-            for k, r in res.items()
+            for k, phases in rounds.items()
+            for i, r in enumerate(phases)
         ]
         a.json.write_bytes(
             orjson.dumps(
