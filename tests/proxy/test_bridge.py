@@ -398,12 +398,7 @@ def test_the_ids_a_bridged_call_echoes_are_the_engines_bytes_not_written_again(
             if stream:
                 frames = parse_sse(answer.body)
                 echoed.append(frames[0][1]["prompt_token_ids"])
-                message = accumulate_chat(frames)["message"]
-                calls = [
-                    {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                    for c in message.pop("tool_calls")
-                ]
-                message = {"role": "assistant", **message, **({"tool_calls": calls} if calls else {})}
+                message = _chat_message(accumulate_chat(frames)["message"])
             else:
                 echoed.append(answer.json["prompt_token_ids"])
                 message = answer.json["choices"][0]["message"]
