@@ -558,7 +558,8 @@ class EngineClient:
                         else:
                             # closed here, not left to the garbage collector: an async generator dropped open costs
                             # the loop a thread-safe wakeup and a task to close it
-                            async with contextlib.aclosing(_sse_data(response, deadline)) as reads:
+                            response.expire_at(deadline)
+                            async with contextlib.aclosing(_sse_data(response)) as reads:
                                 async for events in reads:
                                     done = b"[DONE]" in events
                                     if done:
@@ -682,22 +683,27 @@ def _retryable_failure(status: int, data: bytes) -> UpstreamError:
     return failure
 
 
-async def _sse_data(content: EngineResponse, deadline: float) -> AsyncIterator[list[bytes]]:
+async def _sse_data(content: EngineResponse) -> AsyncIterator[list[bytes]]:
     """The ``data`` of the SSE events of ``content`` (each event's data lines joined by newlines), a list per
-    read: the events completed by what arrived. Each read is bounded by ``deadline``; other fields and
-    comments are skipped. Lines may be of any length (a prompt's ids)."""
-    buffer = bytearray()
+    read: the events completed by what arrived. Other fields and comments are skipped. Lines may be of any
+    length (a prompt's ids). A read of whole one-line ``data: `` events (vLLM's) is split in one pass."""
+    buffer = b""
     data: list[bytes] = []
     while True:
-        async with asyncio.timeout_at(deadline):
-            piece = await content.readany()
+        piece = await content.readany()
         if not piece:
             return
         buffer += piece
-        if b"\n" not in piece:
-            continue
-        *lines, rest = buffer.split(b"\n")
-        buffer = rest
+        if not buffer.endswith(b"\n"):
+            if b"\n" not in piece:
+                continue
+        elif not data and b"\r" not in buffer:
+            events = buffer.split(b"\n\n")
+            if not events[-1] and all(e.startswith(b"data: ") and b"\n" not in e for e in events[:-1]):
+                buffer = b""
+                yield [e[6:] for e in events[:-1]]
+                continue
+        *lines, buffer = buffer.split(b"\n")
         events = []
         for line in lines:
             line = line.removesuffix(b"\r")
@@ -706,7 +712,7 @@ async def _sse_data(content: EngineResponse, deadline: float) -> AsyncIterator[l
                     events.append(b"\n".join(data))
                     data = []
             elif line.startswith(b"data:"):
-                data.append(bytes(line[5:].removeprefix(b" ")))
+                data.append(line[5:].removeprefix(b" "))
         if events:
             yield events
 
@@ -715,19 +721,20 @@ def _stream_chunks(events: list[bytes]) -> tuple[list[dict[str, Any]], UpstreamE
     """The events of one read as chunks (``_stream_chunk``): all of them and None, or those before the first bad
     one and its error. Several events are parsed in one pass, as one JSON array; one by one only to find a bad one.
     """
-    if len(events) > 1:  # one event: its own parse is cheaper than an array's
-        try:
-            chunks = orjson.loads(b"[" + b",".join(events) + b"]")
-        except orjson.JSONDecodeError:
-            chunks = None
-        if not (
-            chunks is None
-            or len(chunks) != len(events)
-            or set(map(type, chunks)) != {dict}
-            or any(map(operator.contains, chunks, repeat("error")))
-            or "error" in map(dict.get, chunks, repeat("object"))
-        ):
-            return chunks, None
+    if not events:
+        return [], None
+    try:  # one event: its own parse is cheaper than an array's
+        chunks = [orjson.loads(events[0])] if len(events) == 1 else orjson.loads(b"[" + b",".join(events) + b"]")
+    except orjson.JSONDecodeError:
+        chunks = None
+    if not (
+        chunks is None
+        or len(chunks) != len(events)
+        or set(map(type, chunks)) != {dict}
+        or any(map(operator.contains, chunks, repeat("error")))
+        or "error" in map(dict.get, chunks, repeat("object"))
+    ):
+        return chunks, None
     out: list[dict[str, Any]] = []
     try:
         out.extend(map(_stream_chunk, events))

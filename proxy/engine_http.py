@@ -10,7 +10,8 @@ keep-alive; TLS for ``https`` URLs. No redirects, cookies, compression (it sends
 or HTTP proxies.
 
 Contract: ``EngineHttp.request`` returns an ``EngineResponse`` once the status line and headers arrived; its
-body is read whole (``read``) or piece by piece as it arrives (``readany``, b"" at the end). Closing the
+body is read whole (``read``) or piece by piece as it arrives (``readany``, b"" at the end), within a deadline
+where ``expire_at`` set one (``DeadlinePassed``, a ``TimeoutError``, past it). Closing the
 response (``async with``, ``close``) puts its connection back in the pool only if the body was read to its
 end and the engine keeps the connection alive; otherwise the connection is dropped at once, which is how an
 abandoned or cancelled request stops the engine's work. A failure to connect, a broken connection or an
@@ -35,11 +36,18 @@ IDLE_S = 4.0
 """A pooled connection idle this long is closed instead of reused: below the 5 s keep-alive of uvicorn
 (vLLM's server), so the engine never closes one under a request."""
 
+_PAYLOAD_END, _TRAILERS = -1, -2
+"""``EngineResponse._chunk_left`` states of the chunked coding: a chunk's CRLF next; trailers next."""
+
 _BROKEN = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)
 
 
 class EngineConnectionError(ConnectionError):
     """The engine could not be reached, broke the connection, or answered something that is not HTTP/1.x."""
+
+
+class DeadlinePassed(TimeoutError):
+    """A response's deadline (``EngineResponse.expire_at``) passed before its body was read."""
 
 
 class _StaleConnection(Exception):
@@ -162,6 +170,8 @@ class EngineResponse:
         "_keep_alive",
         "_left",
         "_pool",
+        "_raw",
+        "_timer",
         "headers",
         "status",
     )
@@ -181,7 +191,9 @@ class EngineResponse:
         self._pool = pool
         self._connection: _Connection | None = connection
         self._chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
-        self._chunk_left = 0
+        self._chunk_left = 0  # chunked: payload bytes of this chunk still to come, or 0 (a size line next) or a state
+        self._raw = b""  # chunked: bytes read from the connection and not decoded yet
+        self._timer: asyncio.TimerHandle | None = None
         self._left: int | None = None  # body bytes still to read; None: until the connection ends
         if self.status < 200 or self.status in (204, 304):
             self._left = 0
@@ -211,29 +223,25 @@ class EngineResponse:
             self.close()
 
     async def readany(self) -> bytes:
-        """The next piece of the body as it arrives; b"" once all of it was read."""
+        """The next piece of the body as it arrives (of a chunked body, every chunk's payload that arrived, in one
+        piece); b"" once all of it was read."""
         if self._done:
             return b""
         if self._connection is None:
             raise EngineConnectionError("the response was closed before its body was read")
         reader = self._connection.reader
         if self._chunked:
-            if not self._chunk_left:
-                line = await self._guarded(reader.readuntil(b"\r\n"))
-                size = int(line.split(b";", 1)[0], 16)
-                if size == 0:
-                    while await self._guarded(reader.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                        pass
-                    self._done = True
-                    return b""
-                self._chunk_left = size
-            piece = await self._guarded(reader.read(self._chunk_left))
-            if not piece:
-                raise self._broken("the engine closed the connection inside a chunk")
-            self._chunk_left -= len(piece)
-            if not self._chunk_left:
-                await self._guarded(reader.readexactly(2))
-            return piece
+            while True:
+                try:
+                    piece = self._dechunk()
+                except ValueError as exc:
+                    raise self._broken(f"the engine broke the chunked coding: {exc}") from None
+                if piece or self._done:
+                    return piece
+                data = await self._guarded(reader.read(1 << 16))
+                if not data:
+                    raise self._broken("the engine closed the connection inside a chunk")
+                self._raw += data
         piece = await self._guarded(reader.read(self._left if self._left is not None else 1 << 16))
         if self._left is None:
             self._done = not piece
@@ -244,8 +252,62 @@ class EngineResponse:
         self._done = not self._left
         return piece
 
+    def _dechunk(self) -> bytes:
+        """The payload of the chunks in ``_raw``, taken from it (a chunk cut short: what of it arrived); sets
+        ``_done`` at the last chunk's end. ``ValueError`` for framing that is not the chunked coding."""
+        raw, pieces, at = self._raw, [], 0
+        while True:
+            if self._chunk_left > 0:
+                piece = raw[at : at + self._chunk_left]
+                if not piece:
+                    break
+                pieces.append(piece)
+                at += len(piece)
+                self._chunk_left -= len(piece)
+                if self._chunk_left:
+                    break
+                self._chunk_left = _PAYLOAD_END
+            end = raw.find(b"\r\n", at)
+            if end < 0:
+                if len(raw) - at > HEAD_LIMIT:
+                    raise ValueError(f"no line end in {HEAD_LIMIT} bytes")
+                break
+            line, at = raw[at:end], end + 2
+            if self._chunk_left == _PAYLOAD_END:  # the CRLF after a chunk's payload
+                if line:
+                    raise ValueError(f"chunk payload longer than its size: {line[:80]!r}")
+                self._chunk_left = 0
+            elif self._chunk_left == _TRAILERS:  # after the last chunk: trailers, up to the empty line
+                if not line:
+                    self._done = True
+                    if at < len(raw):  # bytes past the body's end: the connection is not clean
+                        self._keep_alive = False
+                    break
+            else:
+                size = int(line.split(b";", 1)[0], 16)
+                if size < 0:
+                    raise ValueError(f"negative chunk size {line[:80]!r}")
+                self._chunk_left = size or _TRAILERS
+        self._raw = raw[at:]
+        return b"".join(pieces)
+
+    def expire_at(self, when: float) -> None:
+        """Reads of the body waiting at loop time ``when``, or made after it, raise ``DeadlinePassed`` and drop the
+        connection: one timer bounds the whole body, where a timeout around each read would cost one per read."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._connection is not None:
+            self._connection.reader.set_exception(DeadlinePassed())
+
     def close(self) -> None:
         """Hand the connection back (reused only if the body was read whole and the engine keeps it alive)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         connection, self._connection = self._connection, None
         if connection is not None:
             self._pool._release(connection, reusable=self._done and self._keep_alive)
@@ -261,6 +323,10 @@ class EngineResponse:
     async def _guarded[T](self, step: Awaitable[T]) -> T:
         try:
             return await step
+        except DeadlinePassed:
+            self._done = False
+            self.close()
+            raise
         except _BROKEN as exc:
             raise self._broken(f"the engine broke the response: {type(exc).__name__}: {exc}") from None
         except BaseException:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from proxy.engine_http import EngineConnectionError, EngineHttp
+from proxy.engine_http import DeadlinePassed, EngineConnectionError, EngineHttp
 
 Answer = Callable[[int, asyncio.StreamWriter], Awaitable[bool]]
 """Answers the ``n``-th request (from 0) of a connection; returns whether to keep serving that connection."""
@@ -96,6 +96,64 @@ def test_a_chunked_body_is_read_piece_by_piece_as_it_arrives_then_the_connection
     asyncio.run(run())
 
 
+def test_the_chunks_that_arrived_together_are_read_as_one_piece() -> None:
+    """A stream's chunks that are already in are one read, not one per chunk (the proxy pays per read)."""
+    sent_last = asyncio.Event()
+
+    async def chunked(_: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n2\r\nhi")
+        await sent_last.wait()
+        writer.write(b"\r\n0\r\n\r\n")
+        return True
+
+    async def run() -> None:
+        server, _, connections = await _serve(chunked)
+        pool = EngineHttp(_url(server), headers={})
+        for _ in range(2):
+            sent_last.clear()
+            async with await pool.request("POST", "/s", b"{}") as response:
+                await asyncio.sleep(0.1)  # every chunk but the end is in
+                assert await response.readany() == b"abcdefghi"
+                sent_last.set()
+                assert await response.readany() == b""
+        pool.close()
+        server.close()
+        assert len(connections) == 1
+
+    asyncio.run(run())
+
+
+def test_a_read_waiting_past_the_deadline_raises_and_drops_the_connection() -> None:
+    """``expire_at``: one timer bounds every read of the body; the read waiting when it passes raises
+    ``DeadlinePassed`` (a ``TimeoutError``) and the connection is not reused."""
+
+    async def stalls(_: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+        await asyncio.sleep(30)
+        return False
+
+    async def run() -> None:
+        server, _, connections = await _serve(stalls)
+        pool = EngineHttp(_url(server), headers={})
+        loop = asyncio.get_running_loop()
+        async with await pool.request("POST", "/s", b"{}") as response:
+            response.expire_at(loop.time() + 0.3)
+            assert await response.readany() == b"data: "
+            started = loop.time()
+            with pytest.raises(DeadlinePassed):
+                await response.readany()
+            assert 0.2 < loop.time() - started < 2
+            with pytest.raises(EngineConnectionError, match="closed before its body was read"):
+                await response.readany()
+        async with await pool.request("POST", "/s", b"{}") as response:
+            pass
+        pool.close()
+        server.close()
+        assert len(connections) == 2
+
+    asyncio.run(run())
+
+
 def test_a_body_framed_by_the_connections_end_is_read_whole_and_the_connection_not_reused() -> None:
     async def close_delimited(_: int, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"HTTP/1.1 503 Busy\r\nRetry-After: 0\r\n\r\nbusy")
@@ -138,8 +196,11 @@ def test_a_pooled_connection_the_engine_closed_is_sent_again_on_a_new_one() -> N
         b"SSH-2.0-OpenSSH\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcd\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc",
     ],
-    ids=["not-http", "bad-header", "cut-body"],
+    ids=["not-http", "bad-header", "cut-body", "bad-chunk-size", "chunk-longer-than-its-size", "cut-chunk"],
 )
 def test_answers_that_are_not_whole_http_are_connection_errors(answer: bytes) -> None:
     async def broken(_: int, writer: asyncio.StreamWriter) -> bool:

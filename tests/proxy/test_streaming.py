@@ -586,6 +586,31 @@ def test_the_events_of_one_read_are_parsed_in_one_pass(monkeypatch: pytest.Monke
     assert got == chunks[:5] and isinstance(error, UpstreamError) and "boom" in str(error)
 
 
+@pytest.mark.parametrize(
+    ("pieces", "batches"),
+    [
+        ([b'data: {"a":1}\n\ndata: {"b":2}\n\n'], [[b'{"a":1}', b'{"b":2}']]),
+        ([b'data: {"a":', b"1}\n", b"\ndata: x\n\n"], [[b'{"a":1}', b"x"]]),
+        ([b"data: a\r\n\r\ndata: b\n\n"], [[b"a", b"b"]]),
+        ([b": ping\n\nevent: x\ndata: a\ndata: b\n\n", b"data:c\n\n"], [[b"a\nb"], [b"c"]]),
+        ([b"data: a\n\ndata: b\n", b"\n"], [[b"a"], [b"b"]]),
+    ],
+    ids=["whole-events", "cut-events", "crlf", "other-fields", "cut-blank-line"],
+)
+def test_the_sse_events_of_each_read_are_its_data(pieces: list[bytes], batches: list[list[bytes]]) -> None:
+    """A read of whole one-line ``data: `` events (vLLM's) and any other framing SSE allows give the same
+    events: a batch per read that completed some."""
+
+    class Pieces:
+        async def readany(self) -> bytes:
+            return pieces.pop(0) if pieces else b""
+
+    async def read() -> list[list[bytes]]:
+        return [batch async for batch in engine_client._sse_data(Pieces())]  # type: ignore[arg-type]
+
+    assert asyncio.run(read()) == batches
+
+
 def test_text_sampled_token_by_token_costs_no_task_per_token(tmp_path: Path) -> None:
     """Holding text for its flush is a timer, not a task per chunk: a stream sampled token by token starts at
     most one task per flush interval more than the same stream read at once."""
