@@ -77,7 +77,7 @@ from urllib.parse import urlsplit
 import orjson
 from aiohttp import web
 
-from proxy.bridge import BridgePlan, plan_prompt
+from proxy.bridge import BridgePlan, History, plan_prompt
 from proxy.dialects import COUNT_TOKENS_ROUTE, ROUTES, anthropic_messages, openai_chat
 from proxy.dialects.base import ChatRequest, DialectError, StreamRenderer
 from proxy.engine_client import (
@@ -726,8 +726,10 @@ class CaptureProxy:
         plan: BridgePlan,
         prompt_json: bytes | None,
     ) -> None:
-        """Journal, then add to the graph, one checked and rendered call; all or nothing. Then index it for the
-        bridge (``metadata``: whether its prompt was bridged, and why not; ``prompt_json``: see ``_sample``)."""
+        """Journal, then add to the graph, one checked and rendered call; all or nothing. Its index for the bridge
+        (``metadata``: whether its prompt was bridged, and why not; ``prompt_json``: see ``_sample``) is built once
+        the reply was handed to the transport: it is off the reply's path, and the session's next call, which
+        reads it, is handled after it (a callback scheduled now runs before any I/O that follows)."""
         choice = engine["choices"][0]
         engine_turn = {"choices": [{"message": choice["message"], "finish_reason": choice.get("finish_reason")}]}
         tools = upstream_body.get("tools") or []
@@ -761,8 +763,9 @@ class CaptureProxy:
             ) from None
         self.metrics.captured_tokens += len(capture.sampled_ids)
         if plan.history is not None:
-            session.bridge.add(node_id, plan.history, engine_turn, capture.sampled_ids, metadata)
-            session.bridge.remember_end(node_id, capture.prompt_ids, prompt_json, capture.sampled_ids)
+            asyncio.get_running_loop().call_soon(
+                _index_turn, session, node_id, plan.history, engine_turn, capture, prompt_json, metadata
+            )
 
     def _client_error(
         self, session: Session, dialect: ModuleType, status: int, message: str, param: str | None
@@ -899,6 +902,20 @@ def _translate(
         stream=chat.stream,
     )
     return chat, upstream_body, requested, dumps_bounded(upstream_body)  # the one serialisation, nesting bounded
+
+
+def _index_turn(
+    session: Session,
+    node_id: str,
+    history: History,
+    engine_turn: dict[str, Any],
+    capture: Capture,
+    prompt_json: bytes | None,
+    metadata: dict[str, Any],
+) -> None:
+    """Index a recorded turn for the session's bridge (``CaptureProxy._record``)."""
+    session.bridge.add(node_id, history, engine_turn, capture.sampled_ids, metadata)
+    session.bridge.remember_end(node_id, capture.prompt_ids, prompt_json, capture.sampled_ids)
 
 
 def _agent_gone(request: web.Request) -> bool:

@@ -15,9 +15,11 @@ from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 from openenv.core.harness.training import TrainingTrace as OpenEnvTrainingTrace
 
 from bench.fake_vllm import IM_END, IM_START, NEWLINE, render_prompt, tokenize
+from proxy import server
 from proxy.bridge import History, _closing_stop, _semantic
 from proxy.capture_graph import sequences_from_trace
 from proxy.known_prompt import loads_reply
@@ -256,6 +258,48 @@ def test_a_session_whose_template_renders_its_turns_as_sampled_skips_tokenize_an
         assert "proxy_bridge_missed_speculations_total 1\n" in metrics
         calls = stack.engine.calls - calls_after_first
         assert (calls, stack.engine.token_calls, stack.engine.tokenize_calls) == (4 + 1, 3, 4)
+
+    run_stack(scenario, tmp_path)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_turn_is_indexed_for_the_bridge_after_its_reply_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """The bridge's index of a turn is off the reply's path: built once the reply's last bytes were handed to the
+    transport, and still in place before the session's next call, which is bridged from it."""
+    events: list[str] = []
+    index_turn, write_eof = server._index_turn, web.StreamResponse.write_eof
+
+    def indexed(*args: Any) -> None:
+        index_turn(*args)
+        events.append("indexed")
+
+    agent_keys: list[str] = []
+
+    async def sent(response: web.StreamResponse, data: bytes = b"") -> None:
+        request = response._req  # the proxy's answer to the agent, not the in-process engine's to the proxy
+        await write_eof(response, data)
+        if request is not None and request.headers.get("Authorization") in agent_keys and request.path == CHAT:
+            events.append("sent")
+
+    monkeypatch.setattr(server, "_index_turn", indexed)
+    monkeypatch.setattr(web.StreamResponse, "write_eof", sent)
+
+    async def scenario(stack: Stack) -> None:
+        key = await stack.create_session(sampling=SAMPLING)
+        agent_keys.append(f"Bearer {key.api_key}")
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "an agent"}, {"role": "user", "content": "go"}]
+        for _ in range(4):
+            body = {"model": "any", "messages": messages, "tools": TOOLS, "stream": stream}
+            reply = await post(stack.http, stack.url + CHAT, body, agent_headers(CHAT, key.api_key))
+            assert reply.status == 200, reply.body
+            streamed = accumulate_chat(parse_sse(reply.body))["message"] if stream else None
+            message = _chat_message(streamed) if streamed else reply.json["choices"][0]["message"]
+            _send_back_compactly(messages, message, "continue")
+        turns = (await stack.trace(key.session_id))["turns"]
+        assert [t["metadata"]["bridged"] for t in turns] == [False, True, True, True]
+        assert events == ["sent", "indexed"] * 4
 
     run_stack(scenario, tmp_path)
 
