@@ -25,7 +25,8 @@ or ``--max-seconds`` seconds. All sessions are created before the clock starts.
 Two phases per case, each on a fresh proxy and against a DIRECT baseline (the
 same load straight to the engine, non-streaming, one direct run for both
 streaming modes; a streamed call through a proxy streams from the engine too,
-its chunks sent at once after the planned sleep):
+its events sent one after another after the planned sleep, each its own HTTP
+chunk as vLLM's server writes them, or with ``--whole-streams`` as one body):
 
 - throughput (closed loop, engine latency 0): ``calls/s`` = completed model
   calls / wall time from the first call sent to the last reply read. The proxy
@@ -206,9 +207,10 @@ class BenchEngine(fv.FakeVLLM):
     817 vs 2,112 calls/s), enough to make the engine core the bottleneck.
     """
 
-    def __init__(self, *, memo: bool = True) -> None:
+    def __init__(self, *, memo: bool = True, whole_streams: bool = False) -> None:
         super().__init__()
         fv.tokenize = memo_tokenize if memo else _raw_tokenize
+        self.whole_streams = whole_streams
         self.jitter = 0.5
         self.app.router.add_post("/bench/config", self._config)
 
@@ -230,14 +232,22 @@ class BenchEngine(fv.FakeVLLM):
         if self.latency_s > 0:
             await asyncio.sleep(planned_sleep(self.latency_s, self.jitter, body["messages"]))
         completion = self.complete(body, prompt_ids=prompt_ids)
-        if body.get("stream"):  # the whole stream at once: sampling time is the planned sleep
-            return web.Response(body=b"".join(fv.stream_frames(completion, body)), content_type="text/event-stream")
+        if body.get("stream"):  # sampling time is the planned sleep: then every event at once
+            frames = fv.stream_frames(completion, body)
+            if self.whole_streams:
+                return web.Response(body=b"".join(frames), content_type="text/event-stream")
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for frame in frames:  # a write, and an HTTP chunk, per event
+                await response.write(frame)
+            await response.write_eof()
+            return response
         return web.Response(body=orjson.dumps(completion), content_type="application/json")
 
 
-def serve_engine(port: int, memo: bool) -> None:
+def serve_engine(port: int, memo: bool, whole_streams: bool) -> None:
     async def run() -> None:
-        engine = BenchEngine(memo=memo)
+        engine = BenchEngine(memo=memo, whole_streams=whole_streams)
         bound = await engine.start("127.0.0.1", port)
         print(f"fake vLLM on http://127.0.0.1:{bound} memo={memo}", flush=True)
         await asyncio.Event().wait()
@@ -1306,6 +1316,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, default=None, help="max seconds of load per phase (20)")
     p.add_argument("--system-chars", type=int, default=6400, help="system prompt length (~4 chars per token)")
     p.add_argument("--no-memo", action="store_true", help="run the engine without memoised tokenize")
+    p.add_argument(
+        "--whole-streams", action="store_true", help="the engine sends a stream as one body, not a chunk per event"
+    )
     p.add_argument("--proxy-core", type=int, default=0)
     p.add_argument("--load-core", type=int, default=1, help="core of the engine and this load generator")
     p.add_argument("--no-pin", action="store_true", help="don't pin processes to cores")
@@ -1363,7 +1376,7 @@ def self_check(system: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.serve_engine is not None:
-        serve_engine(a.serve_engine, memo=not a.no_memo)
+        serve_engine(a.serve_engine, memo=not a.no_memo, whole_streams=a.whole_streams)
         return 0
     if a.serve_passthrough is not None:
         serve_passthrough(*a.serve_passthrough)
@@ -1399,7 +1412,8 @@ def main(argv: list[str] | None = None) -> int:
     pinning = f"proxy->core {a.proxy_core}, engine+loadgen->core {a.load_core}" if pin else "no"
     print(
         f"os.cpu_count()={cpus}  pinned={pinning}"
-        f"  python={platform.python_version()}  engine memo={'off' if a.no_memo else 'on'}",
+        f"  python={platform.python_version()}  engine memo={'off' if a.no_memo else 'on'}"
+        f"  streams={'whole' if a.whole_streams else 'a chunk per event'}",
         flush=True,
     )
     print(
@@ -1416,6 +1430,8 @@ def main(argv: list[str] | None = None) -> int:
         argv_engine = [sys.executable, str(Path(__file__).resolve()), "--serve-engine", str(engine_port)]
         if a.no_memo:
             argv_engine.append("--no-memo")
+        if a.whole_streams:
+            argv_engine.append("--whole-streams")
         engine, log = procs.spawn("engine", argv_engine, {a.load_core} if pin else None)
         wait_healthy(engine_port, engine, log)
         env = Env(a, procs, workdir, engine_port, engine.pid, system, secrets.token_hex(4), pin)
