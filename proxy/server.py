@@ -966,8 +966,16 @@ def _rendering(dialect: ModuleType) -> Iterator[None]:
         ) from None
 
 
+class _EventStream(web.StreamResponse):
+    """An SSE response whose status line and headers go out with its first frames, in the same write: a write to
+    the agent's socket is one of the dearest steps of a call. Its first frames are written as soon as the engine's
+    first chunk arrives, or a keepalive or an error event when none does (aiohttp's opt-in to buffer headers)."""
+
+    _send_headers_immediately = False
+
+
 async def _open_stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(
+    response = _EventStream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
     await response.prepare(request)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -664,6 +665,36 @@ def test_a_streamed_call_leaves_no_async_generator_for_the_loop_to_close(tmp_pat
         finally:
             sys.set_asyncgen_hooks(*hooks)
         assert dropped == []
+
+    run_stack(body, tmp_path)
+
+
+def test_a_streams_headers_go_out_with_its_first_frames(tmp_path: Path) -> None:
+    """A stream's status line and headers are written with its first frames, in one write: until the engine's
+    first chunk arrives the agent has read nothing, then one read holds both."""
+
+    async def body(stack: Stack) -> None:
+        session = await stack.create_session()
+        resume = asyncio.Event()
+        stack.engine.faults = [("pause", 0, resume)]  # the engine answers 200, then samples nothing until resumed
+        payload = orjson.dumps(_text_body(CHAT, stream=True))
+        head = f"POST {CHAT} HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer {session.api_key}\r\n"
+        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        url = urlsplit(stack.url)
+        reader, writer = await asyncio.open_connection(url.hostname, url.port)
+        writer.write(head.encode() + payload)
+        try:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.read(1), 0.5)
+        finally:
+            resume.set()
+        first = await asyncio.wait_for(reader.read(1 << 16), 10)
+        rest = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"text/event-stream" in first.split(b"\r\n\r\n")[0]
+        assert b"data: " in first.split(b"\r\n\r\n", 1)[1]
+        assert (first + rest).endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+        assert len((await stack.trace(session.session_id))["turns"]) == 1
 
     run_stack(body, tmp_path)
 
