@@ -1249,6 +1249,10 @@ def hardening_report(
             lambda t: fmt(percentile(ttft[t].ttft_ms, 0.5), 1) if t in ttft else "-",
         )
         row("whole reply ms p50, same phase", lambda t: fmt(ttft[t].pct(0.5), 1) if t in ttft else "-")
+        row(
+            "proxy CPU ms/call, same phase",
+            lambda t: fmt(cpu_ms_per_call(ttft[t]), 2) if t in ttft and ttft[t].proxy_cpu_s else "-",
+        )
         if direct is not None:
             rows.append(
                 [
