@@ -687,23 +687,22 @@ async def _sse_data(content: EngineResponse) -> AsyncIterator[list[bytes]]:
     """The ``data`` of the SSE events of ``content`` (each event's data lines joined by newlines), a list per
     read: the events completed by what arrived. Other fields and comments are skipped. Lines may be of any
     length (a prompt's ids). A read of whole one-line ``data: `` events (vLLM's) is split in one pass."""
-    buffer = b""
+    buffer = bytearray()  # a line cut by the read, grown in place (a prompt's ids may take many reads)
     data: list[bytes] = []
     while True:
         piece = await content.readany()
         if not piece:
             return
-        buffer += piece
-        if not buffer.endswith(b"\n"):
-            if b"\n" not in piece:
-                continue
-        elif not data and b"\r" not in buffer:
-            events = buffer.split(b"\n\n")
-            if not events[-1] and all(e.startswith(b"data: ") and b"\n" not in e for e in events[:-1]):
-                buffer = b""
+        if not buffer and not data and piece.endswith(b"\n\n") and b"\r" not in piece:
+            events = piece.split(b"\n\n")
+            if all(e.startswith(b"data: ") and b"\n" not in e for e in events[:-1]):
                 yield [e[6:] for e in events[:-1]]
                 continue
-        *lines, buffer = buffer.split(b"\n")
+        buffer += piece
+        if b"\n" not in piece:
+            continue
+        *lines, rest = buffer.split(b"\n")
+        buffer = rest
         events = []
         for line in lines:
             line = line.removesuffix(b"\r")
@@ -712,7 +711,7 @@ async def _sse_data(content: EngineResponse) -> AsyncIterator[list[bytes]]:
                     events.append(b"\n".join(data))
                     data = []
             elif line.startswith(b"data:"):
-                data.append(line[5:].removeprefix(b" "))
+                data.append(bytes(line[5:].removeprefix(b" ")))
         if events:
             yield events
 
