@@ -233,15 +233,10 @@ class BenchEngine(fv.FakeVLLM):
             await asyncio.sleep(planned_sleep(self.latency_s, self.jitter, body["messages"]))
         completion = self.complete(body, prompt_ids=prompt_ids)
         if body.get("stream"):  # sampling time is the planned sleep: then every event at once
-            frames = fv.stream_frames(completion, body)
             if self.whole_streams:
+                frames = fv.stream_frames(completion, body)
                 return web.Response(body=b"".join(frames), content_type="text/event-stream")
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            for frame in frames:  # a write, and an HTTP chunk, per event
-                await response.write(frame)
-            await response.write_eof()
-            return response
+            return await self._stream(request, body, completion, None)  # a write, and an HTTP chunk, per event
         return web.Response(body=orjson.dumps(completion), content_type="application/json")
 
 

@@ -323,15 +323,11 @@ class EngineResponse:
     async def _guarded[T](self, step: Awaitable[T]) -> T:
         try:
             return await step
-        except DeadlinePassed:
+        except BaseException as exc:
             self._done = False
             self.close()
-            raise
-        except _BROKEN as exc:
-            raise self._broken(f"the engine broke the response: {type(exc).__name__}: {exc}") from None
-        except BaseException:
-            self._done = False
-            self.close()
+            if isinstance(exc, _BROKEN) and not isinstance(exc, DeadlinePassed):  # that one is the call's budget
+                raise EngineConnectionError(f"the engine broke the response: {type(exc).__name__}: {exc}") from None
             raise
 
     def _broken(self, why: str) -> EngineConnectionError:
